@@ -1,0 +1,9 @@
+"""ovspec: static capacity specializations of LLM IR, a content-addressed blob store,
+and a one-ahead lazy loader for long-context decode on static-shape accelerators."""
+
+from ovspec.errors import OvspecError
+from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
+
+__version__ = "0.1.0"
+
+__all__ = ["DEFAULT_LADDER_TOKENS", "Ladder", "OvspecError", "__version__"]
