@@ -7,6 +7,7 @@ parses and validates user text once; everything downstream gets a ``Ladder``.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ class Ladder:
         for cap in caps:
             if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
                 raise LadderError(f"ladder capacity {cap!r} is not a positive integer")
-        for low, high in zip(caps, caps[1:]):
+        for low, high in itertools.pairwise(caps):
             if high <= low:
                 raise LadderError(
                     f"ladder {','.join(map(str, caps))} is not strictly increasing "

@@ -1,0 +1,96 @@
+"""A model folder as ovspec reads it: the IR pair, config.json, and optional tokenizers.
+
+Validates the folder once and answers the questions the rest of ovspec asks of it
+(where the weights are, the position limit, whether a tokenizer ships with it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ovspec.errors import ModelError
+
+IR_XML_NAME = "openvino_model.xml"
+TOKENIZER_XML_NAME = "openvino_tokenizer.xml"
+DETOKENIZER_XML_NAME = "openvino_detokenizer.xml"
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    """A validated model folder. ``xml_path`` and ``bin_path`` exist."""
+
+    root: Path
+    xml_path: Path
+    bin_path: Path
+    config: dict[str, object]
+
+    @classmethod
+    def open(cls, path: str | Path) -> ModelDir:
+        """Accept a folder holding ``openvino_model.xml`` or the path of an ``.xml`` itself."""
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise ModelError(f"model path {p} does not exist")
+        if p.is_dir():
+            xml = p / IR_XML_NAME
+            if not xml.is_file():
+                xmls = sorted(x.name for x in p.glob("*.xml"))
+                hint = f" (found {', '.join(xmls)})" if xmls else ""
+                raise ModelError(
+                    f"{p} holds no {IR_XML_NAME}{hint}; point at an OpenVINO IR folder"
+                )
+            root = p
+        else:
+            if p.suffix != ".xml":
+                raise ModelError(f"{p} is not an OpenVINO IR (.xml) file or a model folder")
+            xml, root = p, p.parent
+        bin_path = xml.with_suffix(".bin")
+        if not bin_path.is_file():
+            raise ModelError(f"{xml} has no weights file {bin_path.name} beside it")
+        _check_looks_like_ir(xml)
+        return cls(
+            root=root.resolve(),
+            xml_path=xml.resolve(),
+            bin_path=bin_path.resolve(),
+            config=_read_config(root / "config.json"),
+        )
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        value = self.config.get("max_position_embeddings")
+        return value if isinstance(value, int) and value > 0 else None
+
+    @property
+    def tokenizer_xml(self) -> Path | None:
+        path = self.root / TOKENIZER_XML_NAME
+        return path if path.is_file() else None
+
+    @property
+    def detokenizer_xml(self) -> Path | None:
+        path = self.root / DETOKENIZER_XML_NAME
+        return path if path.is_file() else None
+
+
+def _check_looks_like_ir(xml: Path) -> None:
+    # Reading a few hundred bytes is enough to tell an IR from a stray file; the full
+    # parse happens later and its errors are mapped there too.
+    try:
+        with xml.open("rb") as f:
+            head = f.read(512)
+    except OSError as exc:
+        raise ModelError(f"cannot read {xml}: {exc.strerror}") from exc
+    if b"<net" not in head:
+        raise ModelError(f"{xml} is not an OpenVINO IR (no <net> element at the top)")
+
+
+def _read_config(path: Path) -> dict[str, object]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelError(f"{path} does not hold a JSON object")
+    return data

@@ -1,0 +1,196 @@
+"""One sequence decoding over a ladder of static graphs: prefill, steps, boundaries.
+
+The session owns the KV memory, the bound infer request of the active rung, and a
+record of every step and boundary. It asks a ``Programs`` source for compiled
+graphs (the lazy loader, or anything with ``get``) and never compiles itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import openvino as ov
+
+from ovspec.errors import LadderError
+from ovspec.kv import KVCache, Migration
+from ovspec.ladder import Ladder
+from ovspec.roles import ModelRoles
+from ovspec.specialize import Specialization
+
+
+class Programs(Protocol):
+    """Where compiled graphs come from. ``get`` may block; it reports its wait."""
+
+    def get(self, spec: Specialization) -> ov.CompiledModel: ...
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    live_tokens: int  # KV positions before this step
+    capacity_tokens: int
+    infer_s: float
+
+
+@dataclass(frozen=True)
+class BoundaryRecord:
+    at_live_tokens: int
+    migration: Migration
+    program_wait_s: float  # time blocked in Programs.get for the new rung's graph
+    bind_s: float
+
+
+class _Bound:
+    """An infer request of one specialization with its inputs bound to shared arrays."""
+
+    def __init__(
+        self, compiled: ov.CompiledModel, roles: ModelRoles, spec: Specialization, kv: KVCache
+    ) -> None:
+        self.spec = spec
+        self.request = compiled.create_infer_request()
+        chunk = spec.chunk_tokens
+        self.input_ids = np.zeros((1, chunk), dtype=np.int64)
+        self.position_ids = np.zeros((1, chunk), dtype=np.int64)
+        self.mask = np.zeros((1, spec.capacity_tokens + chunk), dtype=np.int64)
+        self.mask[0, spec.capacity_tokens :] = 1
+        self.mask[0, : kv.live_tokens] = 1
+        self._roles = roles
+        self.request.set_tensor(roles.input_ids, ov.Tensor(self.input_ids, shared_memory=True))
+        self.request.set_tensor(roles.attention_mask, ov.Tensor(self.mask, shared_memory=True))
+        if roles.position_ids is not None:
+            self.request.set_tensor(
+                roles.position_ids, ov.Tensor(self.position_ids, shared_memory=True)
+            )
+        for name, tensor in kv.tensors().items():
+            self.request.set_tensor(name, tensor)
+
+    def run(self) -> None:
+        self.request.infer()
+
+    def output(self, name: str) -> np.ndarray:
+        data: np.ndarray = self.request.get_tensor(name).data
+        return data
+
+
+class DecodeSession:
+    """Greedy or teacher-forced decoding of one sequence (batch 1)."""
+
+    def __init__(
+        self,
+        roles: ModelRoles,
+        ladder: Ladder,
+        kv: KVCache,
+        programs: Programs,
+        prefill_chunk_tokens: int,
+    ) -> None:
+        self.roles = roles
+        self.ladder = ladder
+        self.kv = kv
+        self.programs = programs
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.steps: list[StepRecord] = []
+        self.boundaries: list[BoundaryRecord] = []
+        self._decode: _Bound | None = None
+
+    @property
+    def live_tokens(self) -> int:
+        return self.kv.live_tokens
+
+    def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Run the prompt in static chunks; returns the last prompt token's logits."""
+        if not token_ids:
+            raise LadderError("the prompt is empty; give at least one token")
+        if self.kv.live_tokens:
+            raise LadderError("prefill runs on an empty KV cache only")
+        needed = self.ladder.rung_for(len(token_ids))
+        if needed > self.kv.capacity_tokens:
+            self.kv.grow(needed)  # nothing live yet: an allocation, not a boundary
+        cap = self.kv.capacity_tokens
+        spec = prefill_specialization(cap, self.prefill_chunk_tokens)
+        bound = _Bound(self.programs.get(spec), self.roles, spec, self.kv)
+        chunk = spec.chunk_tokens
+        logits = np.empty(0, dtype=np.float32)
+        for start in range(0, len(token_ids), chunk):
+            piece = token_ids[start : start + chunk]
+            n = len(piece)
+            t = self.kv.live_tokens
+            # Right-pad a short last chunk: real queries never see the pad keys (causal),
+            # and only the real tokens' K/V are written back.
+            bound.input_ids[0, :n] = piece
+            bound.input_ids[0, n:] = piece[-1]
+            bound.position_ids[0] = np.arange(t, t + chunk)
+            bound.mask[0, :t] = 1
+            bound.mask[0, t:cap] = 0
+            began = time.perf_counter()
+            bound.run()
+            self.steps.append(StepRecord(t, cap, time.perf_counter() - began))
+            self.kv.write(self._presents(bound), n)
+            logits = np.array(bound.output(self.roles.logits)[0, n - 1], copy=True)
+        return logits
+
+    def step(self, token_id: int) -> np.ndarray:
+        """Decode one token; returns its logits. Crosses a boundary first if the rung is full."""
+        t = self.kv.live_tokens
+        if t >= self.kv.capacity_tokens:
+            self._migrate(self.ladder.rung_for(t + 1))
+        bound = self._decode_bound()
+        bound.input_ids[0, 0] = token_id
+        bound.position_ids[0, 0] = t
+        began = time.perf_counter()
+        bound.run()
+        self.steps.append(StepRecord(t, self.kv.capacity_tokens, time.perf_counter() - began))
+        self.kv.write(self._presents(bound), 1)
+        bound.mask[0, t] = 1
+        return np.array(bound.output(self.roles.logits)[0, 0], copy=True)
+
+    def generate_greedy(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: frozenset[int] = frozenset()
+    ) -> list[int]:
+        logits = self.prefill(prompt_ids)
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            token = int(np.argmax(logits))
+            out.append(token)
+            if token in stop_ids or len(out) == max_new_tokens:
+                break
+            if self.kv.live_tokens + 1 > self.ladder.top_tokens:
+                break
+            logits = self.step(token)
+        return out
+
+    def close(self) -> None:
+        # Requests go before the KV arrays they point into.
+        self._decode = None
+
+    def _decode_bound(self) -> _Bound:
+        cap = self.kv.capacity_tokens
+        if self._decode is None or self._decode.spec.capacity_tokens != cap:
+            self._decode = _Bound(
+                self.programs.get(Specialization.decode(cap)),
+                self.roles,
+                Specialization.decode(cap),
+                self.kv,
+            )
+        return self._decode
+
+    def _migrate(self, capacity_tokens: int) -> None:
+        at = self.kv.live_tokens
+        self._decode = None
+        migration = self.kv.grow(capacity_tokens)
+        began = time.perf_counter()
+        compiled = self.programs.get(Specialization.decode(capacity_tokens))
+        waited = time.perf_counter() - began
+        began = time.perf_counter()
+        self._decode = _Bound(compiled, self.roles, Specialization.decode(capacity_tokens), self.kv)
+        self.boundaries.append(BoundaryRecord(at, migration, waited, time.perf_counter() - began))
+
+    def _presents(self, bound: _Bound) -> dict[str, np.ndarray]:
+        return {role.present_output: bound.output(role.present_output) for role in self.roles.kv}
+
+
+def prefill_specialization(capacity_tokens: int, chunk_tokens: int) -> Specialization:
+    """The prefill graph for a rung: the chunk shrinks to fit a small rung."""
+    return Specialization.prefill(capacity_tokens, min(chunk_tokens, capacity_tokens))

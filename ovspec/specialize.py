@@ -1,0 +1,139 @@
+"""Specializations: turning one dynamic LLM IR into static decode/prefill graphs.
+
+The steps mirror OpenVINO's NPUW LLM pipeline (DESIGN.md §4): stateful -> stateless,
+present outputs carry only the new tokens' K/V, then a static reshape per
+(phase, capacity, chunk). The dynamic preparation is done once and cloned per rung.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import openvino as ov
+
+from ovspec.errors import ModelError
+from ovspec.roles import ModelRoles, discover_roles
+
+
+class Phase(Enum):
+    DECODE = "decode"
+    PREFILL = "prefill"
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """(phase, capacity, chunk): what a static graph is specialized to."""
+
+    phase: Phase
+    capacity_tokens: int
+    chunk_tokens: int = 1
+
+    def __post_init__(self) -> None:
+        if self.capacity_tokens <= 0:
+            raise ModelError(f"capacity {self.capacity_tokens} must be positive")
+        if self.phase is Phase.DECODE and self.chunk_tokens != 1:
+            raise ModelError("a decode specialization takes exactly 1 new token per call")
+        if self.chunk_tokens <= 0 or self.chunk_tokens > self.capacity_tokens:
+            raise ModelError(
+                f"prefill chunk {self.chunk_tokens} must be between 1 and the capacity "
+                f"{self.capacity_tokens}; lower --chunk"
+            )
+
+    @classmethod
+    def decode(cls, capacity_tokens: int) -> Specialization:
+        return cls(Phase.DECODE, capacity_tokens, 1)
+
+    @classmethod
+    def prefill(cls, capacity_tokens: int, chunk_tokens: int) -> Specialization:
+        return cls(Phase.PREFILL, capacity_tokens, chunk_tokens)
+
+    @property
+    def label(self) -> str:
+        if self.phase is Phase.DECODE:
+            return f"decode@{self.capacity_tokens}"
+        return f"prefill@{self.capacity_tokens}x{self.chunk_tokens}"
+
+    @property
+    def canonical(self) -> str:
+        """The text that goes into a blob key."""
+        return f"{self.phase.value}:capacity={self.capacity_tokens}:chunk={self.chunk_tokens}"
+
+
+@dataclass(frozen=True)
+class DynamicLLM:
+    """A stateless LLM graph whose present outputs hold only new tokens; clone to specialize."""
+
+    model: ov.Model
+    roles: ModelRoles
+
+    def static_shapes(self, spec: Specialization) -> dict[str, list[int]]:
+        chunk, cap = spec.chunk_tokens, spec.capacity_tokens
+        shapes = {
+            self.roles.input_ids: [1, chunk],
+            self.roles.attention_mask: [1, cap + chunk],
+        }
+        if self.roles.position_ids is not None:
+            shapes[self.roles.position_ids] = [1, chunk]
+        for role in self.roles.kv:
+            shapes[role.past_input] = role.shape(1, cap)
+        return shapes
+
+    def specialize(self, spec: Specialization) -> ov.Model:
+        """A static clone of the model for ``spec``."""
+        model = self.model.clone()
+        shapes = self.static_shapes(spec)
+        unknown = [
+            p.output(0).get_any_name()
+            for p in model.get_parameters()
+            if p.output(0).get_any_name() not in shapes
+        ]
+        if unknown:
+            raise ModelError(
+                f"the IR has inputs ovspec cannot give a static shape: {', '.join(unknown)}"
+            )
+        try:
+            model.reshape(shapes)
+        except RuntimeError as exc:
+            raise ModelError(f"cannot reshape the IR to {spec.label}: {_first_line(exc)}") from exc
+        if model.is_dynamic():
+            raise ModelError(f"the IR stays dynamic after reshaping to {spec.label}")
+        model.set_friendly_name(f"{model.get_friendly_name()}:{spec.label}")
+        return model
+
+
+def read_ir(xml_path: Path) -> ov.Model:
+    """Read an IR, mapping OpenVINO's parse errors to ``ModelError``."""
+    try:
+        return ov.Core().read_model(str(xml_path))
+    except RuntimeError as exc:
+        raise ModelError(f"{xml_path} is not a readable OpenVINO IR: {_first_line(exc)}") from exc
+
+
+def prepare(model: ov.Model) -> DynamicLLM:
+    """Stateful -> stateless, then point each present output at its new tokens only.
+
+    Mutates ``model`` (read a fresh one, or pass a clone).
+    """
+    if model.get_variables():
+        # Imported here: the offline transformations load a separate native module.
+        from openvino._offline_transformations import stateful_to_stateless_transformation
+
+        stateful_to_stateless_transformation(model)
+        if model.get_variables():
+            raise ModelError("stateful -> stateless left variables in the graph")
+    roles = discover_roles(model)
+    results = {r.output(0).get_any_name(): r for r in model.get_results() if r.output(0).names}
+    for role in roles.kv:
+        result = results[role.present_output]
+        concat = result.input_value(0).get_node()
+        # Input 1 of the KV Concat is the new tokens' K/V (input 0 is the past).
+        result.input(0).replace_source_output(concat.input_value(1))
+    model.validate_nodes_and_infer_types()
+    return DynamicLLM(model, roles)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,55 @@
+"""Shared fixtures: the copied optimum-intel exports, a direct (store-less) program
+source, and the guard that makes a run with too few tests fail instead of pass."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import openvino as ov
+import pytest
+
+from ovspec.specialize import DynamicLLM, Specialization, prepare, read_ir
+from ovspec.stateful import EXACT_CPU_PROPERTIES
+
+DATA = Path(__file__).parent / "data"
+FIXTURE_NAMES = ("qwen2", "llama")
+
+
+class DirectPrograms:
+    """Compiles each specialization once on CPU, no store: the simplest ``Programs``."""
+
+    def __init__(self, llm: DynamicLLM, properties: dict[str, str] | None = None) -> None:
+        self.llm = llm
+        self.properties = dict(EXACT_CPU_PROPERTIES if properties is None else properties)
+        self.compiled: dict[Specialization, ov.CompiledModel] = {}
+        self.core = ov.Core()
+
+    def get(self, spec: Specialization) -> ov.CompiledModel:
+        if spec not in self.compiled:
+            model = self.llm.specialize(spec)
+            self.compiled[spec] = self.core.compile_model(model, "CPU", self.properties)
+        return self.compiled[spec]
+
+
+@pytest.fixture(scope="session", params=FIXTURE_NAMES)
+def fixture_dir(request: pytest.FixtureRequest) -> Path:
+    return DATA / str(request.param)
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir() -> Path:
+    return DATA / "qwen2"
+
+
+def load_llm(model_dir: Path) -> DynamicLLM:
+    return prepare(read_ir(model_dir / "openvino_model.xml"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # CI sets OVSPEC_MIN_TESTS: a run that collects fewer tests than that (a broken
+    # import, a renamed folder) fails instead of passing quietly.
+    minimum = int(os.environ.get("OVSPEC_MIN_TESTS", "0"))
+    if minimum and session.testscollected < minimum:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\novspec: only {session.testscollected} tests collected, expected >= {minimum}")

@@ -1,0 +1,141 @@
+"""Static specializations compute what the dynamic stateful model computes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+from conftest import DirectPrograms, load_llm
+
+from ovspec.errors import ModelError
+from ovspec.kv import CopyAndGrowKV, SharedMaxKV
+from ovspec.ladder import Ladder
+from ovspec.roles import KVKind
+from ovspec.session import DecodeSession
+from ovspec.specialize import Phase, Specialization, prepare, read_ir
+from ovspec.stateful import EXACT_CPU_PROPERTIES, StatefulRunner
+
+LADDER = Ladder((32, 64, 128))
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def test_roles_found_from_the_graph(fixture_dir: Path) -> None:
+    llm = load_llm(fixture_dir)
+    roles = llm.roles
+    assert (roles.input_ids, roles.attention_mask, roles.position_ids, roles.logits) == (
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "logits",
+    )
+    assert [(r.layer, r.kind) for r in roles.kv] == [
+        (0, KVKind.KEY),
+        (0, KVKind.VALUE),
+        (1, KVKind.KEY),
+        (1, KVKind.VALUE),
+    ]
+    for role in roles.kv:
+        assert role.seq_axis == 2
+        assert role.shape(1, 32) == [1, 2, 32, 16]
+        assert role.past_input == f"past_key_values.{role.layer}.{role.kind.value}"
+    # 2 layers x (K + V) x 2 heads x 16 dims x 4 bytes
+    assert roles.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+
+
+def test_specialized_shapes_are_static(qwen2_dir: Path) -> None:
+    llm = load_llm(qwen2_dir)
+    decode = llm.specialize(Specialization.decode(64))
+    shapes = {i.get_any_name(): list(i.get_shape()) for i in decode.inputs}
+    assert shapes["input_ids"] == [1, 1]
+    assert shapes["attention_mask"] == [1, 65]
+    assert shapes["past_key_values.0.key"] == [1, 2, 64, 16]
+    outs = {o.get_any_name(): list(o.get_shape()) for o in decode.outputs}
+    assert outs["present.0.value"] == [1, 2, 1, 16]  # the new token only
+    prefill = llm.specialize(Specialization.prefill(64, 16))
+    shapes = {i.get_any_name(): list(i.get_shape()) for i in prefill.inputs}
+    assert shapes["input_ids"] == [1, 16] and shapes["attention_mask"] == [1, 80]
+    assert not decode.is_dynamic() and not prefill.is_dynamic()
+    # The dynamic source is untouched by specializing.
+    assert llm.model.is_dynamic()
+
+
+@pytest.mark.parametrize("layout", ["copy-and-grow", "shared-max"])
+def test_reference_run_reproduced_across_boundaries(fixture_dir: Path, layout: str) -> None:
+    """The shipped greedy reference (64 steps) through rungs 32 -> 64 -> 128."""
+    ref = np.load(fixture_dir / "reference.npz")
+    llm = load_llm(fixture_dir)
+    kv = (
+        CopyAndGrowKV(llm.roles, 32)
+        if layout == "copy-and-grow"
+        else SharedMaxKV(llm.roles, 32, 128)
+    )
+    session = DecodeSession(llm.roles, LADDER, kv, DirectPrograms(llm), prefill_chunk_tokens=8)
+    rows = [session.prefill([int(t) for t in ref["prompt_ids"]])]
+    rows += [session.step(int(t)) for t in ref["generated_ids"][:-1]]
+    logits = np.stack(rows)
+    assert [(b.at_live_tokens, b.migration.to_capacity_tokens) for b in session.boundaries] == [
+        (32, 64),
+        (64, 128),
+    ]
+    np.testing.assert_array_equal(logits.argmax(-1), ref["step_logits"].argmax(-1))
+    assert cosine_rows(logits, ref["step_logits"]).min() >= 0.99999
+    session.close()
+
+
+def test_random_prompts_match_the_stateful_model(fixture_dir: Path) -> None:
+    """Random prompts and forced tokens, prompt lengths that straddle rungs and chunks."""
+    rng = np.random.default_rng(7)
+    llm = load_llm(fixture_dir)
+    model = read_ir(fixture_dir / "openvino_model.xml")
+    control = StatefulRunner(model, "CPU", EXACT_CPU_PROPERTIES)
+    programs = DirectPrograms(llm)
+    for prompt_len in (5, 32, 45):
+        prompt = rng.integers(3, 2048, prompt_len).tolist()
+        forced = rng.integers(3, 2048, 70).tolist()
+        expected = control.teacher_forced(prompt, forced)
+        session = DecodeSession(llm.roles, LADDER, CopyAndGrowKV(llm.roles, 32), programs, 16)
+        got = np.stack([session.prefill(prompt)] + [session.step(t) for t in forced])
+        assert session.boundaries, "the run must cross at least one rung boundary"
+        np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
+        assert cosine_rows(got, expected).min() >= 0.99999
+        session.close()
+
+
+def test_stateless_ir_is_accepted(tmp_path: Path, qwen2_dir: Path) -> None:
+    """A stateless export (past_* inputs, present_* outputs) specializes the same way."""
+    from openvino._offline_transformations import stateful_to_stateless_transformation
+
+    model = read_ir(qwen2_dir / "openvino_model.xml")
+    stateful_to_stateless_transformation(model)
+    ov.save_model(model, tmp_path / "openvino_model.xml", compress_to_fp16=False)
+    llm = prepare(read_ir(tmp_path / "openvino_model.xml"))
+    assert len(llm.roles.kv) == 4
+    assert Phase.DECODE is Specialization.decode(32).phase
+
+
+def test_ir_without_kv_cache_is_rejected(tmp_path: Path) -> None:
+    ids = ov.opset13.parameter([-1, -1], ov.Type.i64, name="input_ids")
+    ids.output(0).set_names({"input_ids"})
+    mask = ov.opset13.parameter([-1, -1], ov.Type.i64, name="attention_mask")
+    mask.output(0).set_names({"attention_mask"})
+    logits = ov.opset13.convert(ov.opset13.add(ids, mask), ov.Type.f32)
+    logits.output(0).set_names({"logits"})
+    model = ov.Model([logits], [ids, mask], "no_kv")
+    with pytest.raises(ModelError, match="no KV cache"):
+        prepare(model)
+
+
+def test_specialization_validation() -> None:
+    with pytest.raises(ModelError):
+        Specialization(Phase.DECODE, 32, 4)
+    with pytest.raises(ModelError, match="chunk"):
+        Specialization.prefill(32, 64)
+    with pytest.raises(ModelError):
+        Specialization.decode(0)
+    assert Specialization.prefill(64, 16).label == "prefill@64x16"
+    assert Specialization.decode(64).canonical != Specialization.prefill(64, 1).canonical
