@@ -54,3 +54,13 @@ class PatchError(OvspecError):
     """A compiler source tree is not in a state the patch can be applied to or reverted from."""
 
     exit_code = 2
+
+
+def openvino_message(exc: BaseException) -> str:
+    """The informative line of an OpenVINO exception (it leads with source locations)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith(("Exception from ", "Check ")) or line.endswith(".cpp"):
+            continue
+        return line
+    return lines[-1] if lines else type(exc).__name__

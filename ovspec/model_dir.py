@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import xxhash
+
 from ovspec.errors import ModelError
 
 IR_XML_NAME = "openvino_model.xml"
@@ -94,3 +96,32 @@ def _read_config(path: Path) -> dict[str, object]:
     if not isinstance(data, dict):
         raise ModelError(f"{path} does not hold a JSON object")
     return data
+
+
+BUILTIN_PREFIX = "builtin:"
+
+
+def resolve_model(reference: str, models_root: Path) -> ModelDir:
+    """A model folder path, or ``builtin:PRESET`` (written once under ``models_root``)."""
+    if not reference.startswith(BUILTIN_PREFIX):
+        return ModelDir.open(reference)
+    # Imported here: building a model needs openvino, a plain path does not.
+    from ovspec.testing import PRESETS, write_model
+
+    preset = reference[len(BUILTIN_PREFIX) :]
+    if preset not in PRESETS:
+        raise ModelError(
+            f"unknown built-in model {preset!r}; choose one of "
+            + ", ".join(f"{BUILTIN_PREFIX}{name}" for name in PRESETS)
+        )
+    spec = PRESETS[preset]
+    digest = xxhash.xxh3_64_hexdigest(json.dumps(spec.to_json(), sort_keys=True).encode())
+    folder = models_root / f"{preset}-{digest}"
+    if not (folder / IR_XML_NAME).is_file():
+        try:
+            write_model(spec, folder)
+        except ModelError:
+            # Another process may have written it first (the write is a rename).
+            if not (folder / IR_XML_NAME).is_file():
+                raise
+    return ModelDir.open(folder)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovspec.errors import ModelError
+from ovspec.errors import ModelError, openvino_message
 from ovspec.roles import ModelRoles, discover_roles
 
 
@@ -96,7 +96,9 @@ class DynamicLLM:
         try:
             model.reshape(shapes)
         except RuntimeError as exc:
-            raise ModelError(f"cannot reshape the IR to {spec.label}: {_first_line(exc)}") from exc
+            raise ModelError(
+                f"cannot reshape the IR to {spec.label}: {openvino_message(exc)}"
+            ) from exc
         if model.is_dynamic():
             raise ModelError(f"the IR stays dynamic after reshaping to {spec.label}")
         model.set_friendly_name(f"{model.get_friendly_name()}:{spec.label}")
@@ -108,7 +110,9 @@ def read_ir(xml_path: Path) -> ov.Model:
     try:
         return ov.Core().read_model(str(xml_path))
     except RuntimeError as exc:
-        raise ModelError(f"{xml_path} is not a readable OpenVINO IR: {_first_line(exc)}") from exc
+        raise ModelError(
+            f"{xml_path} is not a readable OpenVINO IR: {openvino_message(exc)}"
+        ) from exc
 
 
 def prepare(model: ov.Model) -> DynamicLLM:
@@ -132,8 +136,3 @@ def prepare(model: ov.Model) -> DynamicLLM:
         result.input(0).replace_source_output(concat.input_value(1))
     model.validate_nodes_and_infer_types()
     return DynamicLLM(model, roles)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

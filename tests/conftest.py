@@ -4,6 +4,7 @@ source, and the guard that makes a run with too few tests fail instead of pass."
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import openvino as ov
@@ -11,6 +12,7 @@ import pytest
 
 from ovspec.specialize import DynamicLLM, Specialization, prepare, read_ir
 from ovspec.stateful import EXACT_CPU_PROPERTIES
+from ovspec.store import Store
 
 DATA = Path(__file__).parent / "data"
 FIXTURE_NAMES = ("qwen2", "llama")
@@ -30,6 +32,23 @@ class DirectPrograms:
             model = self.llm.specialize(spec)
             self.compiled[spec] = self.core.compile_model(model, "CPU", self.properties)
         return self.compiled[spec]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A strict temp store; the store's own self-check is the oracle at teardown."""
+    s = Store(tmp_path / "store", strict=True)
+    yield s
+    assert s.check() == []
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in tiny Qwen2 model, written once per test session."""
+    from ovspec.testing import PRESETS, write_model
+
+    return write_model(PRESETS["tiny"], tmp_path_factory.mktemp("models") / "tiny")
 
 
 @pytest.fixture(scope="session", params=FIXTURE_NAMES)

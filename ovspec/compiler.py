@@ -1,0 +1,253 @@
+"""Compiling specializations of one model for one device, through the blob store.
+
+A ``Compiler`` prepares the dynamic graph once (read, compress, stateless), derives
+each specialization's key from named components, builds missing blobs into the
+store and imports blobs from memory-mapped files. It is thread-safe: the loader
+calls it from a background worker while the decode thread imports.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+
+from ovspec.compression import Compression
+from ovspec.devices import DeviceFacts, compiler_version, key_properties, resolve_device
+from ovspec.errors import CompileError, openvino_message
+from ovspec.fingerprint import DigestMemo
+from ovspec.keys import KEY_FORMAT_VERSION, BlobKey
+from ovspec.model_dir import ModelDir
+from ovspec.specialize import DynamicLLM, Specialization, prepare, read_ir
+from ovspec.store import BlobOutcome, ProducedBlob, Store
+
+log = logging.getLogger(__name__)
+
+NO_PATCH = "none"
+
+
+class BlobMode(Enum):
+    """Whether a blob carries the weights. Weightless blobs point into the model's
+    own .bin by offset, so a ladder stores the weights once, not once per rung."""
+
+    FULL = "full"
+    WEIGHTLESS = "weightless"
+
+
+def blob_compile_properties(mode: BlobMode) -> dict[str, str]:
+    """Compile properties that make a device export a weightless blob.
+
+    CPU honours CACHE_MODE=OPTIMIZE_SIZE (ENABLE_WEIGHTLESS alone does nothing); the
+    NPU plugin reads ENABLE_WEIGHTLESS when no CACHE_DIR is set. Both are given.
+    """
+    if mode is BlobMode.FULL:
+        return {}
+    return {"CACHE_MODE": "OPTIMIZE_SIZE", "ENABLE_WEIGHTLESS": "YES"}
+
+
+class _FileSink(io.BytesIO):
+    """``export_model`` accepts only a BytesIO; this one forwards to a real file, so a
+    large blob never sits whole in Python memory (+16 MiB instead of +blob size)."""
+
+    def __init__(self, file: io.BufferedWriter) -> None:
+        super().__init__()
+        self._file = file
+
+    def write(self, data: Any) -> int:
+        return self._file.write(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """One specialization made available in the store (or compiled without one)."""
+
+    spec: Specialization
+    key_hex: str
+    hit: bool
+    compile_s: float  # this build's compile (miss) or the compile a hit saved
+    export_s: float
+    wait_s: float  # waiting for another process building the same key
+    blob_bytes: int
+    path: Path
+    stored: bool = True  # False: the store failed open; ``path`` is a private temp file
+
+
+@dataclass(frozen=True)
+class Program:
+    """A compiled specialization ready for infer requests."""
+
+    spec: Specialization
+    compiled: ov.CompiledModel
+    build: BuildOutcome
+    import_s: float
+    # The mapped blob file: the CPU plugin keeps pointing into it, so it must live as
+    # long as ``compiled`` (dropping it segfaults inference).
+    backing: np.ndarray
+
+
+class Compiler:
+    """Builds and imports the specializations of one model on one device."""
+
+    def __init__(
+        self,
+        model_dir: ModelDir,
+        device: str,
+        properties: Mapping[str, str],
+        store: Store,
+        compression: Compression | None = None,
+        patch_id: str = NO_PATCH,
+        memo: DigestMemo | None = None,
+        blob_mode: BlobMode = BlobMode.WEIGHTLESS,
+    ) -> None:
+        self.model_dir = model_dir
+        self.device = device
+        self.properties = dict(properties)
+        self.store = store
+        self.compression = compression or Compression()
+        self.patch_id = patch_id
+        self.blob_mode = blob_mode
+        self._compile_properties = {**self.properties, **blob_compile_properties(blob_mode)}
+        self._core = ov.Core()
+        self.facts: DeviceFacts = resolve_device(self._core, device, self.properties)
+        self._memo = memo or DigestMemo(store.root / "digests")
+        self._llm: DynamicLLM | None = None
+        self._llm_lock = threading.Lock()
+        self._static_values: dict[str, str] | None = None
+
+    # -- the dynamic graph, prepared once -----------------------------------------
+
+    def llm(self) -> DynamicLLM:
+        with self._llm_lock:
+            if self._llm is None:
+                model = read_ir(self.model_dir.xml_path)
+                model = self.compression.apply(model)
+                self._llm = prepare(model)
+            return self._llm
+
+    # -- keys ---------------------------------------------------------------------
+
+    def key(self, spec: Specialization) -> BlobKey:
+        if self._static_values is None:
+            self._static_values = {
+                "format": str(KEY_FORMAT_VERSION),
+                "ir_structure": self._memo.digest(self.model_dir.xml_path),
+                "weights": self._memo.digest(self.model_dir.bin_path),
+                "compression": self.compression.canonical,
+                "device": self.facts.device,
+                "device_architecture": self.facts.architecture,
+                "openvino": ov.get_version(),
+                "compiler": compiler_version(self._core, self.facts),
+                "properties": key_properties(self.device, self._compile_properties),
+                "patch": self.patch_id,
+            }
+        return BlobKey.from_values({**self._static_values, "specialization": spec.canonical})
+
+    # -- build and import ---------------------------------------------------------
+
+    def build(self, spec: Specialization) -> BuildOutcome:
+        """Make sure the blob of ``spec`` is in the store; compile it if it is not."""
+        outcome = self._build(spec)
+        if not outcome.stored:
+            outcome.path.unlink(missing_ok=True)  # the store could not keep it (warned)
+        return outcome
+
+    def _build(self, spec: Specialization) -> BuildOutcome:
+        key = self.key(spec)
+
+        def produce(path: Path) -> ProducedBlob:
+            compile_s, export_s = self._compile_to(spec, path)
+            return ProducedBlob(
+                compile_s=compile_s,
+                metadata={
+                    "specialization": spec.label,
+                    "device": self.device,
+                    "model": str(self.model_dir.root),
+                    "export_s": f"{export_s:.6f}",
+                },
+            )
+
+        outcome: BlobOutcome = self.store.get_or_create(key, produce)
+        return BuildOutcome(
+            spec=spec,
+            key_hex=outcome.hex,
+            hit=outcome.hit,
+            compile_s=outcome.compile_s,
+            export_s=float(outcome.metadata.get("export_s", "0") or 0),
+            wait_s=outcome.wait_s,
+            blob_bytes=outcome.size_bytes,
+            path=outcome.path,
+            stored=outcome.stored,
+        )
+
+    def load(self, spec: Specialization) -> Program:
+        """Build if needed, then import the blob from its memory-mapped file."""
+        built = self._build(spec)
+        began = time.perf_counter()
+        try:
+            compiled, backing = self.import_blob(built.path)
+        finally:
+            if not built.stored:
+                built.path.unlink(missing_ok=True)  # the mapping keeps the pages alive
+        return Program(spec, compiled, built, time.perf_counter() - began, backing)
+
+    def import_properties(self) -> dict[str, Any]:
+        """What import needs: the runtime config (blobs do not carry it) and, for a
+        weightless blob, where the weights are."""
+        props: dict[str, Any] = dict(self.properties)
+        if self.blob_mode is BlobMode.WEIGHTLESS:
+            props["ENABLE_WEIGHTLESS"] = True
+            props["WEIGHTS_PATH"] = str(self.model_dir.bin_path)
+        return props
+
+    def import_blob(self, path: Path) -> tuple[ov.CompiledModel, np.ndarray]:
+        """Import a blob from a memory map; returns the model and the map to keep alive."""
+        # Copy-on-write: OpenVINO wants a writable buffer, and this one reads the file's
+        # pages in place without copying the blob through Python bytes.
+        mapped = np.memmap(path, dtype=np.uint8, mode="c")
+        try:
+            compiled = self._core.import_model(
+                ov.Tensor(mapped, shared_memory=True), self.device, self.import_properties()
+            )
+        except RuntimeError as exc:
+            raise CompileError(
+                f"{self.device} could not import blob {path.name}: {openvino_message(exc)}"
+            ) from exc
+        return compiled, mapped
+
+    def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float]:
+        model = self.llm().specialize(spec)
+        began = time.perf_counter()
+        try:
+            compiled = self._core.compile_model(model, self.device, self._compile_properties)
+        except RuntimeError as exc:
+            raise CompileError(
+                f"{self.device} failed to compile {spec.label}: {openvino_message(exc)}"
+            ) from exc
+        compile_s = time.perf_counter() - began
+        began = time.perf_counter()
+        with path.open("wb") as f:
+            compiled.export_model(_FileSink(f))
+        export_s = time.perf_counter() - began
+        log.debug("compiled %s in %.3f s, exported in %.3f s", spec.label, compile_s, export_s)
+        return compile_s, export_s
+
+    def close(self) -> None:
+        self._memo.close()

@@ -1,0 +1,157 @@
+"""Devices: is the requested device usable here, and what identifies its compiler.
+
+Answers two questions for blob keys and clear errors: which read-only facts name
+the device and its compiler/driver (architecture, versions, platform), and which
+compile properties can change a blob (the rest are left out of the key on purpose).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import openvino as ov
+
+from ovspec.errors import DeviceError
+from ovspec.keys import canonical_mapping
+
+# Read-only properties that identify what compiles the blob. Each is read only if the
+# device lists it in SUPPORTED_PROPERTIES, so one list serves every device.
+# CPU blobs also carry RUNTIME_REQUIREMENTS (OpenVINO version and ISA, checked at
+# import), read from a compiled probe below.
+IDENTITY_PROPERTIES: tuple[str, ...] = (
+    "DEVICE_ARCHITECTURE",
+    "FULL_DEVICE_NAME",
+    "NPU_COMPILER_VERSION",
+    "NPU_DRIVER_VERSION",
+    "NPU_COMPILER_TYPE",
+    "GPU_DEVICE_ID",
+    "DEVICE_GOPS",
+)
+
+# Properties that cannot change an exported blob, per device family: scheduling,
+# threading, logging and cache plumbing. They are left out of the key. CPU's list was
+# measured (tests/test_devices.py compiles with each one in a fresh process and
+# compares export bytes); other families keep only what is neutral by construction.
+# Anything not listed is in the key: an unknown property costs a recompile, never a
+# wrong blob.
+_ALWAYS_NEUTRAL = frozenset({"PERF_COUNT", "LOG_LEVEL", "CACHE_DIR"})
+BLOB_NEUTRAL_PROPERTIES: dict[str, frozenset[str]] = {
+    "CPU": _ALWAYS_NEUTRAL
+    | {
+        "NUM_STREAMS",
+        "INFERENCE_NUM_THREADS",
+        "ENABLE_CPU_PINNING",
+        "ENABLE_CPU_RESERVATION",
+        "ENABLE_HYPER_THREADING",
+        "SCHEDULING_CORE_TYPE",
+        "PERFORMANCE_HINT",
+        "PERFORMANCE_HINT_NUM_REQUESTS",
+    },
+}
+
+
+def blob_neutral_properties(device: str) -> frozenset[str]:
+    return BLOB_NEUTRAL_PROPERTIES.get(device_family(device), _ALWAYS_NEUTRAL)
+
+
+# Offline NPU compiles (no device) need the plugin compiler and a named platform.
+NPU_PLATFORM_PROPERTY = "NPU_PLATFORM"
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What identifies the compiler of a device, as text for keys and reports."""
+
+    device: str
+    identity: tuple[tuple[str, str], ...]
+    offline: bool  # compiling for a device that is not present (NPU with NPU_PLATFORM)
+
+    @property
+    def architecture(self) -> str:
+        return canonical_mapping(self.identity)
+
+
+def device_family(device: str) -> str:
+    """``NPU.0`` -> ``NPU``; ``CPU`` -> ``CPU``."""
+    return device.split(".", 1)[0].upper()
+
+
+def resolve_device(core: ov.Core, device: str, properties: Mapping[str, str]) -> DeviceFacts:
+    """Check ``device`` can compile here; read the facts that go into a blob key."""
+    available = list(core.available_devices)
+    family = device_family(device)
+    if device not in available and device.upper() not in available:
+        if family == "NPU" and NPU_PLATFORM_PROPERTY in properties:
+            # Offline compile: the device is absent, so its identity is the platform
+            # the user named plus the plugin compiler's version if it reports one.
+            identity = {NPU_PLATFORM_PROPERTY: properties[NPU_PLATFORM_PROPERTY]}
+            identity.update(_read_identity(core, family))
+            return DeviceFacts(family, tuple(sorted(identity.items())), offline=True)
+        hint = ""
+        if family == "NPU":
+            hint = (
+                "; offline NPU compiles need the NPU plugin compiler library (not in the pip "
+                "wheel) and --config NPU_PLATFORM=<e.g. 4000> --config NPU_COMPILER_TYPE=PLUGIN"
+            )
+        raise DeviceError(
+            f"device {device!r} is not available here (available: {', '.join(available)}){hint}"
+        )
+    return DeviceFacts(device, tuple(sorted(_read_identity(core, device).items())), offline=False)
+
+
+def _read_identity(core: ov.Core, device: str) -> dict[str, str]:
+    try:
+        supported = set(core.get_property(device, "SUPPORTED_PROPERTIES"))
+    except RuntimeError:
+        return {}
+    facts: dict[str, str] = {}
+    requirements = _runtime_requirements(core, device)
+    if requirements:
+        facts["RUNTIME_REQUIREMENTS"] = requirements
+    for name in IDENTITY_PROPERTIES:
+        if name in supported:
+            try:
+                facts[name] = str(core.get_property(device, name))
+            except RuntimeError:
+                continue  # listed but not readable without hardware (offline NPU)
+    return facts
+
+
+_REQUIREMENTS_MEMO: dict[str, str] = {}
+
+
+def _runtime_requirements(core: ov.Core, device: str) -> str:
+    """What the device checks when it imports a blob (CPU: OpenVINO version and ISA).
+
+    Only a compiled model reports it, so a one-op probe is compiled once per process
+    (~50 ms on CPU). Devices that do not report it give "".
+    """
+    if device in _REQUIREMENTS_MEMO:
+        return _REQUIREMENTS_MEMO[device]
+    value = ""
+    try:
+        param = ov.opset13.parameter([1], ov.Type.f32)
+        probe = core.compile_model(ov.Model([ov.opset13.relu(param)], [param]), device)
+        if "RUNTIME_REQUIREMENTS" in probe.get_property("SUPPORTED_PROPERTIES"):
+            value = str(probe.get_property("RUNTIME_REQUIREMENTS"))
+    except RuntimeError:
+        value = ""
+    _REQUIREMENTS_MEMO[device] = value
+    return value
+
+
+def key_properties(device: str, properties: Mapping[str, str]) -> str:
+    """The compile properties that can change a blob on ``device``, canonicalized."""
+    neutral = blob_neutral_properties(device)
+    return canonical_mapping((k, v) for k, v in properties.items() if k.upper() not in neutral)
+
+
+def compiler_version(core: ov.Core, facts: DeviceFacts) -> str:
+    """The compiler/driver version text of a device, or what stands in for it."""
+    versions = {k: v for k, v in facts.identity if "VERSION" in k}
+    if versions:
+        return canonical_mapping(versions.items())
+    # CPU/GPU compile inside the plugin: its build number names the compiler.
+    build = core.get_versions(facts.device).get(facts.device)
+    return str(build.build_number) if build is not None else "unknown"

@@ -1,0 +1,100 @@
+"""Device facts and which compile properties stay out of blob keys (proved on CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openvino as ov
+import pytest
+
+from ovspec.devices import blob_neutral_properties, key_properties, resolve_device
+from ovspec.errors import DeviceError
+
+# Exports in one process embed per-process node-name counters, so each variant
+# compiles in a fresh interpreter, where CPU exports are byte-deterministic.
+EXPORT_SCRIPT = """
+import json, sys, xxhash, openvino as ov
+from ovspec.specialize import Specialization, prepare, read_ir
+llm = prepare(read_ir(sys.argv[1]))
+props = json.loads(sys.argv[2])
+compiled = ov.Core().compile_model(llm.specialize(Specialization.decode(32)), "CPU", props)
+print(xxhash.xxh3_128_hexdigest(compiled.export_model().getvalue()))
+"""
+
+# A non-default value for each property CPU's key leaves out.
+NEUTRAL_VARIANTS = {
+    "PERF_COUNT": "YES",
+    "LOG_LEVEL": "LOG_WARNING",
+    "CACHE_DIR": "{tmp}/ov-cache",
+    "NUM_STREAMS": "2",
+    "INFERENCE_NUM_THREADS": "1",
+    "ENABLE_CPU_PINNING": "NO",
+    "ENABLE_CPU_RESERVATION": "YES",
+    "ENABLE_HYPER_THREADING": "NO",
+    "SCHEDULING_CORE_TYPE": "PCORE_ONLY",
+    "PERFORMANCE_HINT": "THROUGHPUT",
+    "PERFORMANCE_HINT_NUM_REQUESTS": "2",
+}
+
+
+def export_digest(model_xml: Path, props: dict[str, str]) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", EXPORT_SCRIPT, str(model_xml), json.dumps(props)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip()
+
+
+@pytest.mark.slow
+def test_properties_left_out_of_cpu_keys_do_not_change_the_blob(
+    qwen2_dir: Path, tmp_path: Path
+) -> None:
+    assert set(NEUTRAL_VARIANTS) == blob_neutral_properties("CPU")
+    xml = qwen2_dir / "openvino_model.xml"
+    variants = {k: {k: v.format(tmp=tmp_path)} for k, v in NEUTRAL_VARIANTS.items()}
+    # The control: a property that changes the blob must show as a change.
+    variants["control:INFERENCE_PRECISION_HINT"] = {"INFERENCE_PRECISION_HINT": "f32"}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        baseline = pool.submit(export_digest, xml, {})
+        futures = {name: pool.submit(export_digest, xml, p) for name, p in variants.items()}
+        digests = {name: f.result() for name, f in futures.items()}
+    control = digests.pop("control:INFERENCE_PRECISION_HINT")
+    assert control != baseline.result(), "the control shows blob differences are detectable"
+    assert digests == dict.fromkeys(digests, baseline.result())
+    # ...and the key agrees: neutral properties leave it unchanged, the control does not.
+    for props in variants.values():
+        changed = key_properties("CPU", props) != key_properties("CPU", {})
+        assert changed == ("INFERENCE_PRECISION_HINT" in props)
+
+
+def test_key_properties_are_canonical() -> None:
+    a = key_properties("CPU", {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"})
+    b = key_properties("CPU", {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"})
+    assert a == b
+    # NPU keeps PERFORMANCE_HINT in the key: it is only known neutral on CPU.
+    assert key_properties("NPU", {"PERFORMANCE_HINT": "LATENCY"}) != key_properties("NPU", {})
+
+
+def test_cpu_facts_name_the_processor() -> None:
+    facts = resolve_device(ov.Core(), "CPU", {})
+    names = dict(facts.identity)
+    assert "FULL_DEVICE_NAME" in names and "DEVICE_ARCHITECTURE" in names
+    assert not facts.offline
+
+
+def test_unknown_device_is_a_clear_error() -> None:
+    with pytest.raises(DeviceError, match="device 'XPU' is not available here"):
+        resolve_device(ov.Core(), "XPU", {})
+
+
+def test_absent_npu_explains_offline_compile() -> None:
+    if "NPU" in ov.Core().available_devices:
+        pytest.skip("this machine has an NPU")
+    with pytest.raises(DeviceError, match="NPU_PLATFORM"):
+        resolve_device(ov.Core(), "NPU", {})
