@@ -1,0 +1,155 @@
+"""``ovspec build``: prewarm the store for a ladder x phases x device."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ovspec.cli import cli
+from ovspec.cli.options import (
+    COMPRESSION,
+    LADDER,
+    cache_dir_option,
+    device_options,
+    emit_json,
+    json_option,
+)
+from ovspec.compression import Compression
+from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
+
+
+@cli.command()
+@click.argument("model")
+@click.option(
+    "--ladder",
+    type=LADDER,
+    default=",".join(map(str, DEFAULT_LADDER_TOKENS)),
+    show_default=True,
+    help="KV capacities in tokens, smallest first (K = x1024).",
+)
+@click.option(
+    "--phases",
+    default="decode,prefill",
+    show_default=True,
+    help="Which graphs per rung: decode, prefill, or both.",
+)
+@click.option(
+    "--chunk",
+    "chunk_tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Prefill chunk in tokens (shrunk to the rung on small rungs).",
+)
+@device_options
+@click.option(
+    "--compress",
+    "compression",
+    type=COMPRESSION,
+    default="none",
+    show_default=True,
+    help="Weight compression before specializing: none, int8, int4 or int4:GROUP.",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Specializations compiled at once.",
+)
+@cache_dir_option
+@json_option
+def build(
+    model: str,
+    ladder: Ladder,
+    phases: str,
+    chunk_tokens: int,
+    device: str,
+    config: tuple[tuple[str, str], ...],
+    compression: Compression,
+    jobs: int,
+    cache_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Compile MODEL's specializations into the store (MODEL: folder or builtin:PRESET).
+
+    A second run with the same arguments is all hits and compiles nothing.
+    """
+    from ovspec.build import BuildPlan, check_device, parse_phases, run_build
+    from ovspec.model_dir import BUILTIN_PREFIX, resolve_model
+    from ovspec.store import Store
+
+    root = cache_dir if cache_dir is not None else Store.default_root()
+    # Validate before the store is opened, so bad input leaves it untouched; a
+    # built-in model is the exception: it is written into the store's models/ folder.
+    store = Store(root) if model.startswith(BUILTIN_PREFIX) else None
+    model_dir = resolve_model(model, root / "models")
+    plan = BuildPlan(
+        model=model_dir,
+        ladder=ladder,
+        phases=parse_phases(phases),
+        chunk_tokens=chunk_tokens,
+        device=device,
+        properties=dict(config),
+        compression=compression,
+        jobs=jobs,
+    )
+    check_device(plan)
+    store = store or Store(root)
+    specs = plan.specializations()
+    try:
+        with click.progressbar(
+            length=len(specs), label=f"building {len(specs)} specializations", file=sys.stderr
+        ) as bar:
+            report = run_build(plan, store, on_outcome=lambda _: bar.update(1))
+    finally:
+        store.close()
+
+    if as_json:
+        emit_json(
+            {
+                "model": str(model_dir.root),
+                "device": device,
+                "ladder": list(ladder),
+                "cache_dir": str(root),
+                "entries": [
+                    {
+                        "specialization": o.spec.label,
+                        "phase": o.spec.phase.value,
+                        "capacity_tokens": o.spec.capacity_tokens,
+                        "chunk_tokens": o.spec.chunk_tokens,
+                        "key": o.key_hex,
+                        "hit": o.hit,
+                        "compile_s": round(o.compile_s, 6),
+                        "export_s": round(o.export_s, 6),
+                        "wait_s": round(o.wait_s, 6),
+                        "blob_bytes": o.blob_bytes,
+                    }
+                    for o in report.outcomes
+                ],
+                "totals": {
+                    "hits": report.hits,
+                    "misses": report.misses,
+                    "compile_s": round(report.compile_s, 6),
+                    "saved_s": round(report.saved_s, 6),
+                    "blob_bytes": report.blob_bytes,
+                    "wall_s": round(report.wall_s, 6),
+                },
+            }
+        )
+        return
+    click.echo(f"model  {model_dir.root}")
+    click.echo(f"store  {root}   device {device}   ladder {ladder}")
+    click.echo(f"{'specialization':<22} {'key':<14} {'':<5} {'compile s':>10} {'blob bytes':>14}")
+    for o in report.outcomes:
+        click.echo(
+            f"{o.spec.label:<22} {o.key_hex[:12]:<14} {'hit' if o.hit else 'miss':<5} "
+            f"{o.compile_s:>10.3f} {o.blob_bytes:>14,}"
+        )
+    click.echo(
+        f"{report.hits} hits, {report.misses} misses; compiled {report.compile_s:.2f} s, "
+        f"saved {report.saved_s:.2f} s; {report.blob_bytes:,} blob bytes; "
+        f"wall {report.wall_s:.2f} s"
+    )

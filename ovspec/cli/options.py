@@ -1,0 +1,113 @@
+"""Typed click converters and the options many commands share.
+
+One ``ParamType`` per value type, each with one failure path: the value type's own
+validation error becomes click's usage error (exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from ovspec.compression import Compression
+from ovspec.errors import OvspecError
+from ovspec.ladder import Ladder
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class LadderType(click.ParamType[Ladder, Any]):
+    name = "ladder"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, Ladder):
+            return value
+        try:
+            return Ladder.parse(str(value))
+        except OvspecError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class CompressionType(click.ParamType[Compression, Any]):
+    name = "compression"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, Compression):
+            return value
+        try:
+            return Compression.parse(str(value))
+        except OvspecError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class KeyValueType(click.ParamType[tuple[str, str], Any]):
+    """``KEY=VALUE`` -> ``(KEY, VALUE)``; keys are OpenVINO property names."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        key, sep, val = str(value).partition("=")
+        if not sep or not key.strip() or not val.strip():
+            self.fail(f"{value!r} is not KEY=VALUE (e.g. INFERENCE_PRECISION_HINT=f32)", param, ctx)
+        return key.strip(), val.strip()
+
+
+class IntListType(click.ParamType[list[int], Any]):
+    """``1,2,3`` -> ``[1, 2, 3]`` (token ids)."""
+
+    name = "ids"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, list):
+            return value
+        parts = [p.strip() for p in str(value).split(",") if p.strip()]
+        if not parts or not all(p.isdigit() for p in parts):
+            self.fail(f"{value!r} is not a comma-separated list of token ids", param, ctx)
+        return [int(p) for p in parts]
+
+
+LADDER = LadderType()
+COMPRESSION = CompressionType()
+KEY_VALUE = KeyValueType()
+INT_LIST = IntListType()
+
+
+def cache_dir_option(func: F) -> F:
+    return click.option(
+        "--cache-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        envvar="OVSPEC_CACHE_DIR",
+        default=None,
+        show_envvar=True,
+        help="Store folder (default: the platform's user cache folder for ovspec).",
+    )(func)
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")(func)
+
+
+def device_options(func: F) -> F:
+    func = click.option(
+        "--config",
+        "config",
+        type=KEY_VALUE,
+        multiple=True,
+        help="OpenVINO compile property, repeatable (e.g. --config INFERENCE_PRECISION_HINT=f32).",
+    )(func)
+    return click.option(
+        "--device",
+        default="CPU",
+        show_default=True,
+        help="OpenVINO device (CPU, NPU, GPU...).",
+    )(func)
+
+
+def emit_json(document: object) -> None:
+    click.echo(json.dumps(document, indent=2, sort_keys=False))
