@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import openvino as ov
 
-from ovspec.compiler import NO_PATCH, BuildOutcome, Compiler
+from ovspec.compiler import NO_PATCH, BlobMode, BuildOutcome, Compiler, prepare_model
 from ovspec.compression import Compression
 from ovspec.devices import resolve_device
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 from ovspec.model_dir import ModelDir
 from ovspec.session import prefill_specialization
-from ovspec.specialize import Phase, Specialization
+from ovspec.specialize import DynamicLLM, Phase, Specialization
 from ovspec.store import Store
 
 DEFAULT_PREFILL_CHUNK_TOKENS = 128
@@ -40,6 +40,7 @@ class BuildPlan:
     compression: Compression
     jobs: int = 1
     patch_id: str = NO_PATCH
+    blob_mode: BlobMode = BlobMode.WEIGHTLESS
 
     def __post_init__(self) -> None:
         if not self.phases:
@@ -108,10 +109,16 @@ def check_device(plan: BuildPlan) -> None:
     resolve_device(ov.Core(), plan.device, plan.properties)
 
 
+def check_model(plan: BuildPlan) -> DynamicLLM:
+    """Read and prepare the model before the store is opened (a bad IR fails here)."""
+    return prepare_model(plan.model, plan.compression)
+
+
 def run_build(
     plan: BuildPlan,
     store: Store,
     on_outcome: Callable[[BuildOutcome], None] | None = None,
+    llm: DynamicLLM | None = None,
 ) -> BuildReport:
     """Build every specialization of ``plan`` into ``store``."""
     compiler = Compiler(
@@ -121,6 +128,8 @@ def run_build(
         store,
         compression=plan.compression,
         patch_id=plan.patch_id,
+        blob_mode=plan.blob_mode,
+        llm=llm,
     )
     specs = plan.specializations()
     began = time.perf_counter()

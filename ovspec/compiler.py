@@ -103,6 +103,12 @@ class Program:
     backing: np.ndarray
 
 
+def prepare_model(model_dir: ModelDir, compression: Compression) -> DynamicLLM:
+    """Read, compress and prepare the dynamic graph (raises ``ModelError`` for an IR
+    ovspec cannot specialize, e.g. one without a KV cache)."""
+    return prepare(compression.apply(read_ir(model_dir.xml_path)))
+
+
 class Compiler:
     """Builds and imports the specializations of one model on one device."""
 
@@ -116,6 +122,7 @@ class Compiler:
         patch_id: str = NO_PATCH,
         memo: DigestMemo | None = None,
         blob_mode: BlobMode = BlobMode.WEIGHTLESS,
+        llm: DynamicLLM | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.device = device
@@ -128,7 +135,7 @@ class Compiler:
         self._core = ov.Core()
         self.facts: DeviceFacts = resolve_device(self._core, device, self.properties)
         self._memo = memo or DigestMemo(store.root / "digests")
-        self._llm: DynamicLLM | None = None
+        self._llm = llm  # prepared by the caller (already validated), else on first use
         self._llm_lock = threading.Lock()
         self._static_values: dict[str, str] | None = None
 
@@ -137,9 +144,7 @@ class Compiler:
     def llm(self) -> DynamicLLM:
         with self._llm_lock:
             if self._llm is None:
-                model = read_ir(self.model_dir.xml_path)
-                model = self.compression.apply(model)
-                self._llm = prepare(model)
+                self._llm = prepare_model(self.model_dir, self.compression)
             return self._llm
 
     # -- keys ---------------------------------------------------------------------

@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import Enum
-
-import openvino as ov
+from typing import TYPE_CHECKING
 
 from ovspec.errors import BadRequestError
+
+if TYPE_CHECKING:
+    import openvino as ov
 
 
 class CompressionMode(Enum):

@@ -1,12 +1,15 @@
 """The ``ovspec`` command line: one click group, one module per command family.
 
-The CLI imports workflows, never the reverse. ``OvspecError`` becomes one line on
-stderr and its exit code; any other exception reaching here is a bug.
+The CLI imports workflows, never the reverse. Every error a user can cause ends as
+one line on stderr and a non-zero exit: ``OvspecError`` with its own exit code,
+click's usage errors with 2. Any other exception reaching here is a bug.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import click
 
@@ -14,15 +17,42 @@ from ovspec import __version__
 from ovspec.errors import OvspecError
 
 
-class OvspecGroup(click.Group):
-    """Turns ``OvspecError`` into one line on stderr and the error's exit code."""
+def _fail(message: str, exit_code: int) -> NoReturn:
+    click.echo(f"ovspec: error: {message}", err=True)
+    sys.exit(exit_code)
 
-    def invoke(self, ctx: click.Context) -> object:
+
+class OvspecGroup(click.Group):
+    """Formats every failure as one line and exits with its code."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "ovspec"
+            _fail(f"{exc.format_message()} (see '{where} --help')", exc.exit_code)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except click.Abort:
+            _fail("aborted", 130)
+        except OvspecError as exc:
+            _fail(str(exc), exc.exit_code)
+        sys.exit(result if isinstance(result, int) else 0)
+
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except OvspecError as exc:
-            click.echo(f"ovspec: error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
+            _fail(str(exc), exc.exit_code)
 
 
 @click.group(cls=OvspecGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,16 +61,9 @@ def cli() -> None:
     """Static capacity specializations and a blob store for LLM decode on OpenVINO."""
 
 
-def _register() -> None:
+def main() -> None:
     # Command modules import openvino lazily, inside their commands, so that
     # `ovspec --help` stays fast.
     from ovspec.cli import commands  # noqa: F401
 
-
-def main() -> None:
-    _register()
-    try:
-        cli.main(prog_name="ovspec")
-    except OvspecError as exc:  # raised outside a command (e.g. in a callback)
-        click.echo(f"ovspec: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+    cli.main(prog_name="ovspec")

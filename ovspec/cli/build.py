@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -15,6 +14,7 @@ from ovspec.cli.options import (
     device_options,
     emit_json,
     json_option,
+    progress,
 )
 from ovspec.compression import Compression
 from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
@@ -59,6 +59,13 @@ from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
     show_default=True,
     help="Specializations compiled at once.",
 )
+@click.option(
+    "--blob-mode",
+    type=click.Choice(["weightless", "full"]),
+    default="weightless",
+    show_default=True,
+    help="weightless: blobs point into the model's .bin (weights stored once per ladder).",
+)
 @cache_dir_option
 @json_option
 def build(
@@ -70,6 +77,7 @@ def build(
     config: tuple[tuple[str, str], ...],
     compression: Compression,
     jobs: int,
+    blob_mode: str,
     cache_dir: Path | None,
     as_json: bool,
 ) -> None:
@@ -77,7 +85,8 @@ def build(
 
     A second run with the same arguments is all hits and compiles nothing.
     """
-    from ovspec.build import BuildPlan, check_device, parse_phases, run_build
+    from ovspec.build import BuildPlan, check_device, check_model, parse_phases, run_build
+    from ovspec.compiler import BlobMode
     from ovspec.model_dir import BUILTIN_PREFIX, resolve_model
     from ovspec.store import Store
 
@@ -95,15 +104,15 @@ def build(
         properties=dict(config),
         compression=compression,
         jobs=jobs,
+        blob_mode=BlobMode(blob_mode),
     )
     check_device(plan)
+    llm = check_model(plan)
     store = store or Store(root)
     specs = plan.specializations()
     try:
-        with click.progressbar(
-            length=len(specs), label=f"building {len(specs)} specializations", file=sys.stderr
-        ) as bar:
-            report = run_build(plan, store, on_outcome=lambda _: bar.update(1))
+        with progress(len(specs), f"building {len(specs)} specializations") as advance:
+            report = run_build(plan, store, on_outcome=lambda _: advance(1), llm=llm)
     finally:
         store.close()
 

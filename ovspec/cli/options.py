@@ -6,8 +6,10 @@ validation error becomes click's usage error (exit 2, one line).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -107,6 +109,16 @@ def device_options(func: F) -> F:
         show_default=True,
         help="OpenVINO device (CPU, NPU, GPU...).",
     )(func)
+
+
+@contextlib.contextmanager
+def progress(length: int, label: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr when it is a terminal; silent otherwise (logs, pipes)."""
+    if not sys.stderr.isatty():
+        yield lambda _n: None
+        return
+    with click.progressbar(length=length, label=label, file=sys.stderr) as bar:
+        yield bar.update
 
 
 def emit_json(document: object) -> None:
