@@ -136,7 +136,7 @@ def test_gc_evicts_to_a_new_limit(runner: CliRunner, root: Path) -> None:
 
 def test_clear_asks_unless_yes(runner: CliRunner, root: Path) -> None:
     result = run(runner, "clear", root=root, stdin="n\n")
-    assert result.exit_code == 1 and "Aborted" in result.output
+    assert result.exit_code == 1 and "ovspec: error: aborted" in result.output
     assert len(json.loads(run(runner, "ls", "--json", root=root).output)) == 2
     result = run(runner, "clear", "--yes", root=root)
     assert result.exit_code == 0 and "removed 2 entries" in result.output

@@ -43,7 +43,7 @@ class OvspecGroup(click.Group):
         except click.ClickException as exc:
             _fail(exc.format_message(), exc.exit_code)
         except click.Abort:
-            _fail("aborted", 130)
+            _fail("aborted", 1)
         except OvspecError as exc:
             _fail(str(exc), exc.exit_code)
         sys.exit(result if isinstance(result, int) else 0)
