@@ -6,4 +6,14 @@ from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
 
 __version__ = "0.1.0"
 
-__all__ = ["DEFAULT_LADDER_TOKENS", "Ladder", "OvspecError", "__version__"]
+__all__ = ["DEFAULT_LADDER_TOKENS", "Ladder", "OvspecError", "__version__", "open"]
+
+
+def __getattr__(name: str) -> object:
+    # ovspec.open loads OpenVINO; importing ovspec alone (keys, stats, the CLI's
+    # --help) must not.
+    if name == "open":
+        from ovspec.runtime import open as open_loader
+
+        return open_loader
+    raise AttributeError(f"module 'ovspec' has no attribute {name!r}")

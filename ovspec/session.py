@@ -32,12 +32,15 @@ class Programs(Protocol):
 class StepRecord:
     live_tokens: int  # KV positions before this step
     capacity_tokens: int
+    new_tokens: int  # 1 for decode, the real tokens of a prefill chunk
+    began_s: float  # seconds since the session's origin
     infer_s: float
 
 
 @dataclass(frozen=True)
 class BoundaryRecord:
     at_live_tokens: int
+    began_s: float  # seconds since the session's origin
     migration: Migration
     program_wait_s: float  # time blocked in Programs.get for the new rung's graph
     bind_s: float
@@ -85,12 +88,14 @@ class DecodeSession:
         kv: KVCache,
         programs: Programs,
         prefill_chunk_tokens: int,
+        origin_s: float | None = None,
     ) -> None:
         self.roles = roles
         self.ladder = ladder
         self.kv = kv
         self.programs = programs
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.origin_s = time.perf_counter() if origin_s is None else origin_s
         self.steps: list[StepRecord] = []
         self.boundaries: list[BoundaryRecord] = []
         self._decode: _Bound | None = None
@@ -126,7 +131,9 @@ class DecodeSession:
             bound.mask[0, t:cap] = 0
             began = time.perf_counter()
             bound.run()
-            self.steps.append(StepRecord(t, cap, time.perf_counter() - began))
+            self.steps.append(
+                StepRecord(t, cap, n, began - self.origin_s, time.perf_counter() - began)
+            )
             self.kv.write(self._presents(bound), n)
             logits = np.array(bound.output(self.roles.logits)[0, n - 1], copy=True)
         return logits
@@ -141,7 +148,11 @@ class DecodeSession:
         bound.position_ids[0, 0] = t
         began = time.perf_counter()
         bound.run()
-        self.steps.append(StepRecord(t, self.kv.capacity_tokens, time.perf_counter() - began))
+        self.steps.append(
+            StepRecord(
+                t, self.kv.capacity_tokens, 1, began - self.origin_s, time.perf_counter() - began
+            )
+        )
         self.kv.write(self._presents(bound), 1)
         bound.mask[0, t] = 1
         return np.array(bound.output(self.roles.logits)[0, 0], copy=True)
@@ -178,6 +189,7 @@ class DecodeSession:
 
     def _migrate(self, capacity_tokens: int) -> None:
         at = self.kv.live_tokens
+        crossed = time.perf_counter()
         self._decode = None
         migration = self.kv.grow(capacity_tokens)
         began = time.perf_counter()
@@ -185,7 +197,11 @@ class DecodeSession:
         waited = time.perf_counter() - began
         began = time.perf_counter()
         self._decode = _Bound(compiled, self.roles, Specialization.decode(capacity_tokens), self.kv)
-        self.boundaries.append(BoundaryRecord(at, migration, waited, time.perf_counter() - began))
+        self.boundaries.append(
+            BoundaryRecord(
+                at, crossed - self.origin_s, migration, waited, time.perf_counter() - began
+            )
+        )
 
     def _presents(self, bound: _Bound) -> dict[str, np.ndarray]:
         return {role.present_output: bound.output(role.present_output) for role in self.roles.kv}

@@ -1,0 +1,275 @@
+"""The lazy loader a decode runtime calls one step ahead.
+
+``get(spec)`` returns a compiled specialization from memory, else the store, else a
+compile, blocking only when it must; ``prefetch(spec)`` queues the same work on one
+background worker. A policy decides what is compiled when: ``eager`` (every rung
+before the first token), ``one_ahead`` (the first rung in the foreground, then one
+successor in the background after each switch, earlier when a deadline plan says a
+window is too short) and ``on_demand`` (compile at the boundary: the stall baseline).
+Every compile, import, hit and wait is an event with times relative to ``open``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+
+import openvino as ov
+
+from ovspec.compiler import Compiler, Program
+from ovspec.errors import CompileError, OvspecError
+from ovspec.ladder import Ladder
+from ovspec.specialize import Phase, Specialization
+
+
+class Policy(Enum):
+    EAGER = "eager"
+    ONE_AHEAD = "one_ahead"
+    ON_DEMAND = "on_demand"
+
+
+class EventKind(Enum):
+    LOAD_START = "load_start"  # build (store lookup or compile) + import begins
+    COMPILED = "compiled"  # the blob was compiled (a store miss)
+    STORE_HIT = "store_hit"  # the blob came from the store
+    LOADED = "loaded"  # imported and ready
+    FAILED = "failed"
+    WAIT = "wait"  # get() blocked on a background load
+    EARLY_START = "early_start"  # the plan queued a rung before its one-ahead turn
+
+
+@dataclass(frozen=True)
+class LoaderEvent:
+    kind: EventKind
+    spec: str  # specialization label
+    at_s: float  # seconds since the loader's origin (its opening, unless given)
+    foreground: bool
+    seconds: float = 0.0  # the duration this event closes (compile, import, wait)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """Per-rung predictions the loader uses to start a successor early."""
+
+    compile_s: dict[int, float]  # successor capacity -> predicted build + import seconds
+    window_s: dict[int, float]  # rung capacity -> predicted decode seconds spent on it
+
+
+class Loader:
+    """Compiled specializations on demand, ahead of demand, or all up front."""
+
+    def __init__(
+        self,
+        compiler: Compiler,
+        ladder: Ladder,
+        policy: Policy,
+        prefill_chunk_tokens: int | None = None,
+        window_plan: WindowPlan | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        on_close: Sequence[Callable[[], None]] = (),
+        origin_s: float | None = None,
+    ) -> None:
+        self.compiler = compiler
+        self.ladder = ladder
+        self.policy = policy
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.window_plan = window_plan
+        self._clock = clock
+        self._opened_s = clock() if origin_s is None else origin_s
+        self._lock = threading.Lock()
+        self._programs: dict[Specialization, Program] = {}
+        self._pending: dict[Specialization, Future[Program]] = {}
+        self._events: list[LoaderEvent] = []
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ovspec-loader")
+        self._closed = False
+        self._on_close = list(on_close)
+
+    # -- public API ---------------------------------------------------------------
+
+    def start(self, first_capacity_tokens: int) -> None:
+        """Foreground work before the first token, as the policy prescribes."""
+        first = [Specialization.decode(first_capacity_tokens)]
+        if self.prefill_chunk_tokens is not None:
+            first.insert(0, self._prefill(first_capacity_tokens))
+        if self.policy is Policy.EAGER:
+            rungs = [c for c in self.ladder if c >= first_capacity_tokens]
+            specs = first + [Specialization.decode(c) for c in rungs[1:]]
+            for spec in specs:
+                self.get(spec)
+            return
+        for spec in first:
+            self.get(spec)
+
+    def get(self, spec: Specialization | int) -> ov.CompiledModel:
+        """The compiled graph of ``spec`` (a rung means its decode graph); loads it in the
+        foreground if nobody has."""
+        self._check_open()
+        spec = _as_spec(spec)
+        with self._lock:
+            program = self._programs.get(spec)
+            pending = self._pending.get(spec)
+            owner = program is None and pending is None
+            if owner:
+                # Register the foreground load so concurrent get()s wait for it.
+                pending = Future()
+                self._pending[spec] = pending
+        if owner:
+            assert pending is not None
+            try:
+                program = self._load(spec, foreground=True)
+            except BaseException as exc:
+                pending.set_exception(exc)
+                raise
+            pending.set_result(program)
+        elif program is None:
+            assert pending is not None
+            began = self._clock()
+            try:
+                program = pending.result()
+            except OvspecError:
+                raise
+            except Exception as exc:  # a bug or an OpenVINO crash in the worker
+                raise CompileError(f"background load of {spec.label} failed: {exc}") from exc
+            waited = self._clock() - began
+            self._record(EventKind.WAIT, spec, foreground=True, seconds=waited)
+        self._after_get(spec)
+        return program.compiled
+
+    def prefetch(self, spec: Specialization | int) -> None:
+        """Queue ``spec`` on the background worker (no-op if loaded or queued)."""
+        self._check_open()
+        spec = _as_spec(spec)
+        with self._lock:
+            if spec in self._programs or spec in self._pending:
+                return
+            self._pending[spec] = self._worker.submit(self._load, spec, False)
+
+    @property
+    def origin_s(self) -> float:
+        """The ``perf_counter`` value event times are measured from."""
+        return self._opened_s
+
+    def program(self, spec: Specialization) -> Program | None:
+        with self._lock:
+            return self._programs.get(spec)
+
+    def ready(self, spec: Specialization) -> bool:
+        with self._lock:
+            return spec in self._programs
+
+    @property
+    def events(self) -> list[LoaderEvent]:
+        with self._lock:
+            return list(self._events)
+
+    def close(self) -> None:
+        """Stop the worker (waits for a compile in flight) and drop compiled models."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            for future in self._pending.values():
+                future.cancel()
+        self._worker.shutdown(wait=True)
+        with self._lock:
+            self._programs.clear()
+            self._pending.clear()
+        for callback in self._on_close:
+            callback()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------
+
+    def _prefill(self, capacity_tokens: int) -> Specialization:
+        chunk = self.prefill_chunk_tokens or 1
+        return Specialization.prefill(capacity_tokens, min(chunk, capacity_tokens))
+
+    def _load(self, spec: Specialization, foreground: bool) -> Program:
+        self._record(EventKind.LOAD_START, spec, foreground)
+        try:
+            program = self.compiler.load(spec)
+        except Exception as exc:
+            # The failed future stays in _pending: get() at the boundary re-raises it
+            # rather than compiling the same failure again in the foreground.
+            self._record(EventKind.FAILED, spec, foreground, note=str(exc))
+            raise
+        build = program.build
+        if build.hit:
+            self._record(EventKind.STORE_HIT, spec, foreground, seconds=build.compile_s)
+        else:
+            self._record(EventKind.COMPILED, spec, foreground, seconds=build.compile_s)
+        self._record(EventKind.LOADED, spec, foreground, seconds=program.import_s)
+        with self._lock:
+            self._programs[spec] = program
+            self._pending.pop(spec, None)
+        return program
+
+    def _after_get(self, spec: Specialization) -> None:
+        if self.policy is not Policy.ONE_AHEAD or spec.phase is not Phase.DECODE:
+            return
+        for successor, early_note in self._successors_to_queue(spec.capacity_tokens):
+            if early_note:
+                with self._lock:
+                    already = successor in self._programs or successor in self._pending
+                if not already:
+                    self._record(EventKind.EARLY_START, successor, False, note=early_note)
+            self.prefetch(successor)
+
+    def _successors_to_queue(self, capacity_tokens: int) -> Sequence[tuple[Specialization, str]]:
+        """The next rung, plus later ones whose own window is predicted too short."""
+        out: list[tuple[Specialization, str]] = []
+        current = capacity_tokens
+        nxt = self.ladder.successor(current)
+        if nxt is None:
+            return out
+        out.append((Specialization.decode(nxt), ""))
+        plan = self.window_plan
+        while plan is not None:
+            after = self.ladder.successor(nxt)
+            if after is None:
+                break
+            need = plan.compile_s.get(after)
+            have = plan.window_s.get(nxt)
+            if need is None or have is None or need <= have:
+                break
+            out.append(
+                (
+                    Specialization.decode(after),
+                    f"window of rung {nxt} ({have:.2f} s) is shorter than the "
+                    f"compile of {after} ({need:.2f} s)",
+                )
+            )
+            nxt = after
+        return out
+
+    def _record(
+        self,
+        kind: EventKind,
+        spec: Specialization,
+        foreground: bool,
+        seconds: float = 0.0,
+        note: str = "",
+    ) -> None:
+        event = LoaderEvent(
+            kind, spec.label, self._clock() - self._opened_s, foreground, seconds, note
+        )
+        with self._lock:
+            self._events.append(event)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OvspecError("the loader is closed")
+
+
+def _as_spec(spec: Specialization | int) -> Specialization:
+    return Specialization.decode(spec) if isinstance(spec, int) else spec

@@ -1,0 +1,169 @@
+"""The library entry point: open a model as a lazy loader, and decode with it.
+
+``open`` wires a model folder, a store, a compiler and a loader together; ``decode``
+runs one sequence (greedy or teacher-forced) through a ``DecodeSession`` whose KV
+grows at boundaries, and returns what happened: tokens, logits where asked,
+steps, boundaries and the loader's events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ovspec.compiler import BlobMode, Compiler
+from ovspec.compression import Compression
+from ovspec.errors import BadRequestError
+from ovspec.kv import KVLayout, make_kv
+from ovspec.ladder import Ladder
+from ovspec.loader import Loader, LoaderEvent, Policy, WindowPlan
+from ovspec.model_dir import resolve_model
+from ovspec.session import BoundaryRecord, DecodeSession, StepRecord
+from ovspec.store import Store
+
+DEFAULT_PREFILL_CHUNK_TOKENS = 128
+DEFAULT_LADDER = Ladder()
+
+
+def open(  # shadows the builtin inside this module only: the public name is ovspec.open
+    model: str | Path,
+    ladder: Ladder | str = DEFAULT_LADDER,
+    device: str = "CPU",
+    properties: Mapping[str, str] | None = None,
+    store: Store | Path | str | None = None,
+    policy: Policy | str = Policy.ONE_AHEAD,
+    prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+    compression: Compression | str | None = None,
+    blob_mode: BlobMode = BlobMode.WEIGHTLESS,
+    window_plan: WindowPlan | None = None,
+    origin_s: float | None = None,
+) -> Loader:
+    """A lazy loader for ``model`` (a folder, or ``builtin:PRESET``) over ``ladder``.
+
+    Close it (or use it as a context manager): it owns its worker thread, and the
+    store too when it opened one.
+    """
+    ladder = Ladder.parse(ladder) if isinstance(ladder, str) else ladder
+    policy = Policy(policy) if isinstance(policy, str) else policy
+    compression = Compression.parse(compression) if isinstance(compression, str) else compression
+    owns_store = not isinstance(store, Store)
+    opened = store if isinstance(store, Store) else Store(store or Store.default_root())
+    try:
+        model_dir = resolve_model(str(model), opened.root / "models")
+        ladder.check_fits(model_dir.max_position_embeddings)
+        compiler = Compiler(
+            model_dir,
+            device,
+            dict(properties or {}),
+            opened,
+            compression=compression,
+            blob_mode=blob_mode,
+        )
+    except BaseException:
+        if owns_store:
+            opened.close()
+        raise
+    on_close: list[Callable[[], None]] = [compiler.close]
+    if owns_store:
+        on_close.append(opened.close)
+    return Loader(
+        compiler,
+        ladder,
+        policy,
+        prefill_chunk_tokens=prefill_chunk_tokens,
+        window_plan=window_plan,
+        on_close=on_close,
+        origin_s=origin_s,
+    )
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """One sequence's run: what came out and what happened on the way."""
+
+    prompt_tokens: int
+    token_ids: tuple[int, ...]  # generated (greedy) or forced (teacher-forced)
+    rungs: tuple[int, ...]  # capacities used, in order
+    steps: tuple[StepRecord, ...]
+    boundaries: tuple[BoundaryRecord, ...]
+    events: tuple[LoaderEvent, ...]
+    first_token_s: float  # origin -> first decode step can run (foreground compile wall)
+    finished_s: float  # origin -> last token (critical path)
+    reserved_kv: tuple[tuple[int, int], ...]  # (live tokens, reserved KV bytes) per step
+    logits: dict[int, np.ndarray] = field(default_factory=dict)  # step index -> logits
+
+
+def decode(
+    loader: Loader,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int = 0,
+    forced_ids: Sequence[int] | None = None,
+    kv_layout: KVLayout = KVLayout.COPY_AND_GROW,
+    stop_ids: frozenset[int] = frozenset(),
+    keep_logits: Callable[[int, int], bool] | None = None,
+    on_token: Callable[[int], None] | None = None,
+) -> DecodeResult:
+    """Greedy decoding (``max_new_tokens``) or teacher forcing (``forced_ids``).
+
+    ``keep_logits(step, live_tokens)`` chooses which steps' logits to return (step 0
+    is the prompt's last position); ``on_token`` streams generated ids.
+    """
+    if not prompt_ids:
+        raise BadRequestError("the prompt is empty; give at least one token id")
+    ladder = loader.ladder
+    roles = loader.compiler.llm().roles
+    # Greedy decoding never feeds its last token back; teacher forcing feeds them all.
+    fed = len(forced_ids) if forced_ids is not None else max(max_new_tokens - 1, 0)
+    if len(prompt_ids) + fed > ladder.top_tokens:
+        raise BadRequestError(
+            f"{len(prompt_ids)} prompt tokens and {fed} fed-back tokens need "
+            f"{len(prompt_ids) + fed} KV positions, over the top rung {ladder.top_tokens}; "
+            "extend --ladder or lower --max-new-tokens"
+        )
+    origin = loader.origin_s
+    first = ladder.rung_for(len(prompt_ids))
+    loader.start(first)
+    kv = make_kv(kv_layout, roles, first, ladder.top_tokens)
+    chunk = loader.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
+    session = DecodeSession(roles, ladder, kv, loader, chunk, origin_s=origin)
+    kept: dict[int, np.ndarray] = {}
+    reserved: list[tuple[int, int]] = []
+    try:
+        logits = session.prefill(prompt_ids)
+        first_token_s = time.perf_counter() - origin
+        if keep_logits is not None and keep_logits(0, kv.live_tokens):
+            kept[0] = logits
+        reserved.append((kv.live_tokens, kv.reserved_bytes))
+        tokens: list[int] = []
+        budget = len(forced_ids) if forced_ids is not None else max_new_tokens
+        for step in range(1, budget + 1):
+            token = int(forced_ids[step - 1]) if forced_ids is not None else int(np.argmax(logits))
+            tokens.append(token)
+            if on_token is not None:
+                on_token(token)
+            if forced_ids is None and (token in stop_ids or step == budget):
+                break
+            logits = session.step(token)
+            reserved.append((kv.live_tokens, kv.reserved_bytes))
+            if keep_logits is not None and keep_logits(step, kv.live_tokens):
+                kept[step] = logits
+        finished_s = time.perf_counter() - origin
+    finally:
+        session.close()
+    rungs = [first] + [b.migration.to_capacity_tokens for b in session.boundaries]
+    return DecodeResult(
+        prompt_tokens=len(prompt_ids),
+        token_ids=tuple(tokens),
+        rungs=tuple(rungs),
+        steps=tuple(session.steps),
+        boundaries=tuple(session.boundaries),
+        events=tuple(loader.events),
+        first_token_s=first_token_s,
+        finished_s=finished_s,
+        reserved_kv=tuple(reserved),
+        logits=kept,
+    )

@@ -1,0 +1,158 @@
+"""The lazy loader: policies, background prefetch, waits, failures, threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ovspec.compiler import BuildOutcome, Program
+from ovspec.errors import CompileError
+from ovspec.ladder import Ladder
+from ovspec.loader import EventKind, Loader, Policy, WindowPlan
+from ovspec.specialize import Specialization
+
+LADDER = Ladder((32, 64, 128, 256))
+
+
+class FakeCompiler:
+    """Stands in for ``Compiler``: sleeps ``load_s`` per load, can fail on chosen rungs."""
+
+    def __init__(self, load_s: float = 0.0, fail: frozenset[int] = frozenset()) -> None:
+        self.load_s = load_s
+        self.fail = fail
+        self.loaded: list[str] = []
+        self.threads: set[str] = set()
+        self.lock = threading.Lock()
+
+    def load(self, spec: Specialization) -> Program:
+        time.sleep(self.load_s)
+        with self.lock:
+            self.loaded.append(spec.label)
+            self.threads.add(threading.current_thread().name)
+        if spec.capacity_tokens in self.fail:
+            raise CompileError(f"CPU failed to compile {spec.label}: injected")
+        build = BuildOutcome(spec, "0" * 32, False, self.load_s, 0.0, 0.0, 1, Path("/dev/null"))
+        return Program(spec, object(), build, 0.0, None)  # type: ignore[arg-type]
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("ovspec-loader")]
+
+
+def wait_idle(loader: Loader, spec: Specialization, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not loader.ready(spec) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_one_ahead_loads_the_first_rung_in_front_and_one_successor_behind() -> None:
+    fake = FakeCompiler()
+    with Loader(fake, LADDER, Policy.ONE_AHEAD, prefill_chunk_tokens=16) as loader:  # type: ignore[arg-type]
+        loader.start(32)
+        wait_idle(loader, Specialization.decode(64))
+        assert fake.loaded == ["prefill@32x16", "decode@32", "decode@64"]
+        starts = [(e.spec, e.foreground) for e in loader.events if e.kind is EventKind.LOAD_START]
+        assert starts == [("prefill@32x16", True), ("decode@32", True), ("decode@64", False)]
+        loader.get(64)  # crossing into 64 queues 128, and only 128
+        wait_idle(loader, Specialization.decode(128))
+        time.sleep(0.05)
+        assert fake.loaded[-1] == "decode@128" and "decode@256" not in fake.loaded
+        assert not any(e.kind is EventKind.WAIT for e in loader.events)
+        assert any(name.startswith("ovspec-loader") for name in fake.threads)
+
+
+def test_eager_loads_every_rung_before_the_first_token() -> None:
+    fake = FakeCompiler()
+    with Loader(fake, LADDER, Policy.EAGER, prefill_chunk_tokens=16) as loader:  # type: ignore[arg-type]
+        loader.start(32)
+        assert fake.loaded == [
+            "prefill@32x16",
+            "decode@32",
+            "decode@64",
+            "decode@128",
+            "decode@256",
+        ]
+        assert all(e.foreground for e in loader.events)
+
+
+def test_on_demand_never_prefetches() -> None:
+    fake = FakeCompiler()
+    with Loader(fake, LADDER, Policy.ON_DEMAND) as loader:  # type: ignore[arg-type]
+        loader.start(32)
+        loader.get(64)
+        time.sleep(0.05)
+        assert fake.loaded == ["decode@32", "decode@64"]
+        assert all(e.foreground for e in loader.events)
+
+
+def test_a_successor_not_ready_in_time_is_waited_for_and_the_wait_recorded() -> None:
+    fake = FakeCompiler(load_s=0.2)
+    with Loader(fake, LADDER, Policy.ONE_AHEAD) as loader:  # type: ignore[arg-type]
+        loader.start(32)  # 0.2 s in front, then decode@64 starts behind
+        loader.get(64)  # at once: the boundary comes before the compile is done
+        waits = [e for e in loader.events if e.kind is EventKind.WAIT]
+        assert [w.spec for w in waits] == ["decode@64"]
+        assert 0.05 < waits[0].seconds < 1.0
+
+
+def test_a_failed_successor_surfaces_at_its_boundary() -> None:
+    fake = FakeCompiler(fail=frozenset({64}))
+    with Loader(fake, LADDER, Policy.ONE_AHEAD) as loader:  # type: ignore[arg-type]
+        loader.start(32)  # the rung-32 graph is fine; 64 fails in the background
+        time.sleep(0.1)
+        assert any(e.kind is EventKind.FAILED for e in loader.events)
+        with pytest.raises(CompileError, match="decode@64: injected"):
+            loader.get(64)
+        assert fake.loaded.count("decode@64") == 1  # not compiled a second time
+
+
+def test_plan_starts_a_successor_early_when_its_window_is_too_short() -> None:
+    fake = FakeCompiler()
+    # Rung 64's window (0.1 s) cannot hide the compile of 128 (0.5 s): queue it at 32.
+    plan = WindowPlan(
+        compile_s={64: 0.05, 128: 0.5, 256: 0.05}, window_s={32: 1.0, 64: 0.1, 128: 1.0}
+    )
+    with Loader(fake, LADDER, Policy.ONE_AHEAD, window_plan=plan) as loader:  # type: ignore[arg-type]
+        loader.start(32)
+        wait_idle(loader, Specialization.decode(128))
+        early = [e for e in loader.events if e.kind is EventKind.EARLY_START]
+        assert [e.spec for e in early] == ["decode@128"]
+        assert "window of rung 64" in early[0].note
+        assert "decode@256" not in fake.loaded
+
+
+def test_close_leaves_no_threads_and_refuses_more_work() -> None:
+    fake = FakeCompiler(load_s=0.05)
+    loader = Loader(fake, LADDER, Policy.ONE_AHEAD)  # type: ignore[arg-type]
+    loader.start(32)
+    loader.close()
+    loader.close()  # idempotent
+    assert loader_threads() == []
+    with pytest.raises(Exception, match="closed"):
+        loader.get(32)
+
+
+def test_concurrent_gets_share_one_load() -> None:
+    fake = FakeCompiler(load_s=0.05)
+    with Loader(fake, LADDER, Policy.ON_DEMAND) as loader:  # type: ignore[arg-type]
+        loader.prefetch(64)
+        threads = [threading.Thread(target=loader.get, args=(64,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert fake.loaded == ["decode@64"]
+
+
+def test_concurrent_foreground_gets_share_one_load() -> None:
+    fake = FakeCompiler(load_s=0.05)
+    with Loader(fake, LADDER, Policy.ON_DEMAND) as loader:  # type: ignore[arg-type]
+        threads = [threading.Thread(target=loader.get, args=(128,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert fake.loaded == ["decode@128"]

@@ -1,0 +1,85 @@
+"""ovspec.open + decode: greedy tokens equal the original stateful model's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+
+import ovspec
+from ovspec.errors import BadRequestError
+from ovspec.kv import KVLayout
+from ovspec.loader import EventKind, Policy
+from ovspec.runtime import decode
+from ovspec.stateful import EXACT_CPU_PROPERTIES, StatefulRunner
+from ovspec.store import Store
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_greedy_equals_the_stateful_model(fixture_dir: Path, store: Store, policy: Policy) -> None:
+    prompt = [int(t) for t in np.load(fixture_dir / "reference.npz")["prompt_ids"]]
+    control = StatefulRunner(
+        ov.Core().read_model(fixture_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
+    )
+    expected = control.greedy(prompt, 100)
+    with ovspec.open(
+        fixture_dir,
+        ladder="32,64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        policy=policy,
+        prefill_chunk_tokens=8,
+    ) as loader:
+        result = decode(loader, prompt, max_new_tokens=100)
+    assert list(result.token_ids) == expected
+    assert result.rungs == (32, 64, 128)
+    assert [b.at_live_tokens for b in result.boundaries] == [32, 64]
+    background = [e for e in result.events if e.kind is EventKind.LOAD_START and not e.foreground]
+    assert bool(background) == (policy is Policy.ONE_AHEAD)
+
+
+def test_builtin_model_shared_max_layout(tiny_dir: Path, store: Store) -> None:
+    rng = np.random.default_rng(11)
+    prompt = rng.integers(3, 2048, 40).tolist()
+    control = StatefulRunner(
+        ov.Core().read_model(tiny_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
+    )
+    expected = control.greedy(prompt, 60)
+    with ovspec.open(
+        tiny_dir,
+        ladder="32,64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        policy="eager",
+        prefill_chunk_tokens=16,
+    ) as loader:
+        result = decode(loader, prompt, max_new_tokens=60, kv_layout=KVLayout.SHARED_MAX)
+    assert list(result.token_ids) == expected
+    assert result.rungs == (64, 128)  # a 40-token prompt starts on the 64 rung
+    # Shared-max reserves the top rung from the start and never copies.
+    assert {bytes_ for _, bytes_ in result.reserved_kv} == {128 * 512}
+    assert all(b.migration.copied_bytes == 0 for b in result.boundaries)
+
+
+def test_teacher_forcing_keeps_the_logits_asked_for(qwen2_dir: Path, store: Store) -> None:
+    forced = list(range(100, 140))
+    with ovspec.open(
+        qwen2_dir, ladder="32,64", properties=EXACT_CPU_PROPERTIES, store=store
+    ) as loader:
+        result = decode(
+            loader,
+            [5, 6, 7],
+            forced_ids=forced,
+            keep_logits=lambda step, live: live in (31, 32, 33),
+        )
+    assert result.token_ids == tuple(forced)
+    assert sorted(result.logits) == [28, 29, 30]
+    assert result.first_token_s <= result.finished_s
+
+
+def test_a_request_over_the_top_rung_is_refused(qwen2_dir: Path, store: Store) -> None:
+    with ovspec.open(qwen2_dir, ladder="32", store=store) as loader:
+        with pytest.raises(BadRequestError, match="over the top rung 32"):
+            decode(loader, list(range(30)), max_new_tokens=10)
