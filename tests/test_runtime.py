@@ -80,6 +80,8 @@ def test_teacher_forcing_keeps_the_logits_asked_for(qwen2_dir: Path, store: Stor
 
 
 def test_a_request_over_the_top_rung_is_refused(qwen2_dir: Path, store: Store) -> None:
-    with ovspec.open(qwen2_dir, ladder="32", store=store) as loader:
-        with pytest.raises(BadRequestError, match="over the top rung 32"):
-            decode(loader, list(range(30)), max_new_tokens=10)
+    with (
+        ovspec.open(qwen2_dir, ladder="32", store=store) as loader,
+        pytest.raises(BadRequestError, match="over the top rung 32"),
+    ):
+        decode(loader, list(range(30)), max_new_tokens=10)

@@ -1,3 +1,7 @@
 """Imports every command module so each registers itself on the group."""
 
-from ovspec.cli import build, cache  # noqa: F401
+from ovspec.cli import (  # noqa: F401
+    build,
+    cache,
+    patch,
+)
