@@ -91,7 +91,8 @@ class DecodeResult:
     steps: tuple[StepRecord, ...]
     boundaries: tuple[BoundaryRecord, ...]
     events: tuple[LoaderEvent, ...]
-    first_token_s: float  # origin -> first decode step can run (foreground compile wall)
+    ready_s: float  # origin -> the first rung's graphs are ready (foreground compile wall)
+    first_token_s: float  # origin -> the prompt is processed (time to first token)
     finished_s: float  # origin -> last token (critical path)
     reserved_kv: tuple[tuple[int, int], ...]  # (live tokens, reserved KV bytes) per step
     logits: dict[int, np.ndarray] = field(default_factory=dict)  # step index -> logits
@@ -127,6 +128,7 @@ def decode(
     origin = loader.origin_s
     first = ladder.rung_for(len(prompt_ids))
     loader.start(first)
+    ready_s = time.perf_counter() - origin
     kv = make_kv(kv_layout, roles, first, ladder.top_tokens)
     chunk = loader.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
     session = DecodeSession(roles, ladder, kv, loader, chunk, origin_s=origin)
@@ -162,6 +164,7 @@ def decode(
         steps=tuple(session.steps),
         boundaries=tuple(session.boundaries),
         events=tuple(loader.events),
+        ready_s=ready_s,
         first_token_s=first_token_s,
         finished_s=finished_s,
         reserved_kv=tuple(reserved),

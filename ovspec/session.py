@@ -33,6 +33,7 @@ class StepRecord:
     live_tokens: int  # KV positions before this step
     capacity_tokens: int
     new_tokens: int  # 1 for decode, the real tokens of a prefill chunk
+    prefill: bool
     began_s: float  # seconds since the session's origin
     infer_s: float
 
@@ -132,7 +133,7 @@ class DecodeSession:
             began = time.perf_counter()
             bound.run()
             self.steps.append(
-                StepRecord(t, cap, n, began - self.origin_s, time.perf_counter() - began)
+                StepRecord(t, cap, n, True, began - self.origin_s, time.perf_counter() - began)
             )
             self.kv.write(self._presents(bound), n)
             logits = np.array(bound.output(self.roles.logits)[0, n - 1], copy=True)
@@ -150,7 +151,12 @@ class DecodeSession:
         bound.run()
         self.steps.append(
             StepRecord(
-                t, self.kv.capacity_tokens, 1, began - self.origin_s, time.perf_counter() - began
+                t,
+                self.kv.capacity_tokens,
+                1,
+                False,
+                began - self.origin_s,
+                time.perf_counter() - began,
             )
         )
         self.kv.write(self._presents(bound), 1)

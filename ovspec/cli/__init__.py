@@ -25,7 +25,7 @@ def _fail(message: str, exit_code: int) -> NoReturn:
 class OvspecGroup(click.Group):
     """Formats every failure as one line and exits with its code."""
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,

@@ -1,0 +1,149 @@
+"""One bench run in a fresh process: ``python -m ovspec.bench_worker REQUEST.json``.
+
+A fresh interpreter per run keeps compile figures honest (no warm OpenVINO state,
+no compiled graphs shared between protocols) and makes peak RSS the run's own. The
+worker teacher-forces the request's tokens through one protocol and writes the
+figures (JSON), the timeline (steps and loader events) and boundary logits (npz).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ovspec.errors import OvspecError
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    model_dir: str
+    ladder: str
+    protocol: str
+    variant: str
+    repetition: int
+    prompt_ids: tuple[int, ...]
+    forced_ids: tuple[int, ...]
+    logit_positions: tuple[int, ...]  # live-token counts whose logits are kept
+    device: str
+    properties: dict[str, str]
+    store_dir: str
+    prefill_chunk_tokens: int
+    out_json: str
+    out_logits: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRequest:
+        data = dict(data)
+        for name in ("prompt_ids", "forced_ids", "logit_positions"):
+            data[name] = tuple(data[name])
+        return cls(**data)
+
+
+def run(request: RunRequest) -> dict[str, Any]:
+    # Started before anything else is touched: the foreground clock includes reading
+    # and preparing the model, which every protocol pays.
+    origin = time.perf_counter()
+    import ovspec.runtime as runtime
+    from ovspec.figures import compute
+    from ovspec.ladder import Ladder
+    from ovspec.protocols import SETUPS, Protocol
+    from ovspec.store import Store
+
+    setup = SETUPS[Protocol(request.protocol)]
+    full_ladder = Ladder.parse(request.ladder)
+    positions = set(request.logit_positions)
+    with (
+        Store(request.store_dir) as store,
+        runtime.open(
+            request.model_dir,
+            ladder=setup.ladder(full_ladder),
+            device=request.device,
+            properties=request.properties,
+            store=store,
+            policy=setup.policy,
+            prefill_chunk_tokens=request.prefill_chunk_tokens,
+            origin_s=origin,
+        ) as loader,
+    ):
+        result = runtime.decode(
+            loader,
+            request.prompt_ids,
+            forced_ids=request.forced_ids,
+            kv_layout=setup.kv_layout,
+            keep_logits=lambda _step, live: live in positions,
+        )
+        roles = loader.compiler.llm().roles
+        weights_bytes = loader.compiler.model_dir.bin_path.stat().st_size
+    peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    figures = compute(
+        result,
+        protocol=request.protocol,
+        variant=request.variant,
+        repetition=request.repetition,
+        bands_ladder=full_ladder,
+        peak_rss_bytes=peak_rss_bytes,
+        kv_bytes_per_token=roles.kv_bytes_per_token,
+        weights_bytes=weights_bytes,
+    )
+    # decode() keys logits by step; step i ran with prompt + i live positions after it.
+    kept = {len(request.prompt_ids) + step: logits for step, logits in result.logits.items()}
+    np.savez_compressed(
+        request.out_logits,
+        positions=np.array(sorted(kept), dtype=np.int64),
+        logits=np.stack([kept[p] for p in sorted(kept)]) if kept else np.zeros((0, 0)),
+    )
+    return {
+        "figures": figures.to_json(),
+        "timeline": {
+            "steps": [
+                [s.live_tokens, s.capacity_tokens, s.began_s, s.infer_s, int(s.prefill)]
+                for s in result.steps
+            ],
+            "reserved_kv": [list(pair) for pair in result.reserved_kv],
+            "events": [
+                {
+                    "kind": e.kind.value,
+                    "spec": e.spec,
+                    "at_s": e.at_s,
+                    "foreground": e.foreground,
+                    "seconds": e.seconds,
+                    "note": e.note,
+                }
+                for e in result.events
+            ],
+            "boundaries": [
+                {"at_live_tokens": b.at_live_tokens, "began_s": b.began_s}
+                for b in result.boundaries
+            ],
+        },
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m ovspec.bench_worker REQUEST.json", file=sys.stderr)
+        return 2
+    request = RunRequest.from_json(json.loads(Path(argv[0]).read_text()))
+    try:
+        document = run(request)
+    except OvspecError as exc:
+        document = {"error": str(exc), "exit_code": exc.exit_code}
+        Path(request.out_json).write_text(json.dumps(document))
+        print(f"ovspec bench worker: {exc}", file=sys.stderr)
+        return exc.exit_code
+    Path(request.out_json).write_text(json.dumps(document))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,143 @@
+"""``ovspec bench``: B0, B1, I1 and I2 side by side, in Williams order, fresh processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from ovspec.cli import cli
+from ovspec.cli.options import LADDER, cache_dir_option, device_options, emit_json, json_option
+from ovspec.ladder import Ladder
+
+if TYPE_CHECKING:
+    from ovspec.figures import RunFigures
+
+
+@cli.command()
+@click.argument("model")
+@click.option(
+    "--ladder",
+    type=LADDER,
+    default="1024,2048,4096,8192",
+    show_default=True,
+    help="KV capacities in tokens, smallest first.",
+)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option(
+    "--new-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Teacher-forced tokens after the prompt [default: up to the top rung].",
+)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Rows of the 4x4 Williams square (4 balances order fully).",
+)
+@click.option(
+    "--variants",
+    default="cold,warm",
+    show_default=True,
+    help="cold: an empty store per run (compile figures); warm: a prebuilt store.",
+)
+@device_options
+@click.option(
+    "--chunk",
+    "chunk_tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Prefill chunk in tokens.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds tokens and order.")
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where runs, report.json and plots go [default: ./ovspec-bench].",
+)
+@click.option("--plots/--no-plots", default=True, show_default=True)
+@cache_dir_option
+@json_option
+def bench(
+    model: str,
+    ladder: Ladder,
+    prompt_tokens: int,
+    new_tokens: int | None,
+    repetitions: int,
+    variants: str,
+    device: str,
+    config: tuple[tuple[str, str], ...],
+    chunk_tokens: int,
+    seed: int,
+    out_dir: Path | None,
+    plots: bool,
+    cache_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Measure the four protocols on MODEL (folder or builtin:PRESET).
+
+    Every run is a fresh process; cold runs use an empty store each, so their
+    compile figures are real compiles. Properties default to exact f32 on CPU.
+    """
+    from ovspec.bench import BenchConfig, run_bench
+    from ovspec.bench_report import environment, render_text, to_json, write_plots
+    from ovspec.model_dir import resolve_model
+    from ovspec.stateful import EXACT_CPU_PROPERTIES
+    from ovspec.store import Store
+
+    root = cache_dir if cache_dir is not None else Store.default_root()
+    model_dir = resolve_model(model, root / "models")
+    properties = (
+        dict(config) if config else (dict(EXACT_CPU_PROPERTIES) if device.upper() == "CPU" else {})
+    )
+    work = out_dir or Path("ovspec-bench")
+    bench_config = BenchConfig(
+        model=model_dir,
+        ladder=ladder,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens if new_tokens is not None else ladder.top_tokens - prompt_tokens,
+        repetitions=repetitions,
+        variants=tuple(v.strip() for v in variants.split(",") if v.strip()),
+        device=device,
+        properties=properties,
+        prefill_chunk_tokens=chunk_tokens,
+        seed=seed,
+        work_dir=work / "runs",
+    )
+    total = len(bench_config.variants) * repetitions * len(bench_config.protocols)
+
+    done = 0
+
+    def progress(figures: RunFigures) -> None:
+        nonlocal done
+        done += 1
+        click.echo(
+            f"[{done}/{total}] {figures.variant} repetition {figures.repetition} "
+            f"{figures.protocol}: critical path {figures.critical_path_s:.2f} s",
+            err=True,
+        )
+
+    result = run_bench(bench_config, on_run=progress)
+    env = environment()
+    document = to_json(result, env)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "report.json").write_text(json.dumps(document, indent=2))
+    text = render_text(result, env)
+    (work / "report.txt").write_text("\n".join(text) + "\n")
+    written = write_plots(result, work) if plots else []
+    if as_json:
+        emit_json(document)
+        return
+    click.echo("\n".join(text))
+    click.echo(
+        f"\nwrote {work / 'report.txt'}, {work / 'report.json'}"
+        + "".join(f", {p}" for p in written),
+        file=sys.stdout,
+    )

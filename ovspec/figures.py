@@ -1,0 +1,222 @@
+"""The figures one protocol run reports, computed from what the runtime recorded.
+
+Pure arithmetic over a ``DecodeResult``: foreground compile wall, critical path,
+decode time and tokens/s per context band, boundary waits and migrations, reserved
+KV (time-weighted and peak). The names are the seed's (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ovspec.ladder import Ladder
+from ovspec.loader import EventKind
+from ovspec.runtime import DecodeResult
+
+
+@dataclass(frozen=True)
+class BoundaryFigures:
+    from_capacity_tokens: int
+    to_capacity_tokens: int
+    at_live_tokens: int
+    wait_s: float  # blocked at the boundary for the new rung's graph
+    deadline_met: bool  # the graph was ready (loaded in the background, no wait)
+    loaded_in_background: bool
+    migration_s: float
+    copied_bytes: int
+    allocated_bytes: int
+    peak_reserved_bytes: int
+
+    @property
+    def migration_bytes_per_s(self) -> float:
+        return self.copied_bytes / self.migration_s if self.migration_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class BandFigures:
+    band: str  # e.g. "0-1024"
+    low_tokens: int
+    high_tokens: int
+    steps: int
+    infer_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.steps / self.infer_s if self.infer_s > 0 else 0.0
+
+    @property
+    def step_ms(self) -> float:
+        return 1000.0 * self.infer_s / self.steps if self.steps else 0.0
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """Everything one run reports; JSON round-trips through ``to_json``/``from_json``."""
+
+    protocol: str
+    variant: str  # "cold" or "warm" store
+    repetition: int
+    foreground_s: float  # start -> the first rung's graphs are ready (compile wall)
+    time_to_first_token_s: float  # start -> prompt processed
+    critical_path_s: float  # start -> last token
+    first_rung_compile_s: float  # compile + import of the first rung's graphs
+    prefill_s: float
+    decode_s: float  # sum of decode-step inference time
+    decode_tokens: int
+    compile_foreground_s: float
+    compile_background_s: float
+    store_hits: int
+    boundaries: tuple[BoundaryFigures, ...]
+    bands: tuple[BandFigures, ...]
+    reserved_kv_time_weighted_bytes: float
+    peak_kv_bytes: int
+    peak_rss_bytes: int
+    kv_bytes_per_token: int
+    weights_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["boundaries"] = [
+            {**asdict(b), "migration_bytes_per_s": b.migration_bytes_per_s} for b in self.boundaries
+        ]
+        out["bands"] = [
+            {**asdict(b), "tokens_per_s": b.tokens_per_s, "step_ms": b.step_ms} for b in self.bands
+        ]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunFigures:
+        fields = dict(data)
+        fields["boundaries"] = tuple(
+            BoundaryFigures(**{k: v for k, v in b.items() if k != "migration_bytes_per_s"})
+            for b in data["boundaries"]
+        )
+        fields["bands"] = tuple(
+            BandFigures(**{k: v for k, v in b.items() if k not in ("tokens_per_s", "step_ms")})
+            for b in data["bands"]
+        )
+        return cls(**fields)
+
+    @property
+    def deadlines_met(self) -> tuple[int, int]:
+        """(met, total) over boundaries whose graph had to come from the background."""
+        relevant = [b for b in self.boundaries if b.loaded_in_background]
+        return sum(b.deadline_met for b in relevant), len(relevant)
+
+    @property
+    def boundary_wait_s(self) -> float:
+        return sum(b.wait_s for b in self.boundaries)
+
+
+def band_edges(ladder: Ladder) -> list[tuple[int, int]]:
+    """Context bands by rung: [0, C0), [C0, C1), ... in KV positions."""
+    edges = [0, *ladder]
+    return list(itertools.pairwise(edges))
+
+
+def compute(
+    result: DecodeResult,
+    protocol: str,
+    variant: str,
+    repetition: int,
+    bands_ladder: Ladder,
+    peak_rss_bytes: int,
+    kv_bytes_per_token: int,
+    weights_bytes: int,
+) -> RunFigures:
+    decode_steps = [s for s in result.steps if not s.prefill]
+    prefill_steps = [s for s in result.steps if s.prefill]
+    bands = []
+    for low, high in band_edges(bands_ladder):
+        inside = [s for s in decode_steps if low <= s.live_tokens < high]
+        bands.append(
+            BandFigures(f"{low}-{high}", low, high, len(inside), sum(s.infer_s for s in inside))
+        )
+    events = result.events
+    waits = {e.spec: e.seconds for e in events if e.kind is EventKind.WAIT}
+    background = {e.spec for e in events if e.kind is EventKind.LOAD_START and not e.foreground}
+    boundaries = []
+    for b in result.boundaries:
+        label = f"decode@{b.migration.to_capacity_tokens}"
+        in_background = label in background
+        boundaries.append(
+            BoundaryFigures(
+                from_capacity_tokens=b.migration.from_capacity_tokens,
+                to_capacity_tokens=b.migration.to_capacity_tokens,
+                at_live_tokens=b.at_live_tokens,
+                wait_s=b.program_wait_s,
+                deadline_met=in_background and label not in waits,
+                loaded_in_background=in_background,
+                migration_s=b.migration.seconds,
+                copied_bytes=b.migration.copied_bytes,
+                allocated_bytes=b.migration.allocated_bytes,
+                peak_reserved_bytes=b.migration.peak_reserved_bytes,
+            )
+        )
+    loaded = [e for e in events if e.kind in (EventKind.COMPILED, EventKind.STORE_HIT)]
+    imports = [e for e in events if e.kind is EventKind.LOADED]
+    return RunFigures(
+        protocol=protocol,
+        variant=variant,
+        repetition=repetition,
+        foreground_s=result.ready_s,
+        time_to_first_token_s=result.first_token_s,
+        critical_path_s=result.finished_s,
+        first_rung_compile_s=sum(
+            e.seconds
+            for e in events
+            if e.kind in (EventKind.COMPILED, EventKind.LOADED)
+            and e.spec.split("@")[1].split("x")[0] == str(result.rungs[0])
+        ),
+        prefill_s=sum(s.infer_s for s in prefill_steps),
+        decode_s=sum(s.infer_s for s in decode_steps),
+        decode_tokens=len(decode_steps),
+        compile_foreground_s=sum(
+            e.seconds
+            for e in [*loaded, *imports]
+            if e.foreground and e.kind is not EventKind.STORE_HIT
+        ),
+        compile_background_s=sum(
+            e.seconds
+            for e in [*loaded, *imports]
+            if not e.foreground and e.kind is not EventKind.STORE_HIT
+        ),
+        store_hits=sum(e.kind is EventKind.STORE_HIT for e in events),
+        boundaries=tuple(boundaries),
+        bands=tuple(bands),
+        reserved_kv_time_weighted_bytes=time_weighted_reserved(result),
+        peak_kv_bytes=max(
+            [r for _, r in result.reserved_kv]
+            + [b.migration.peak_reserved_bytes for b in result.boundaries]
+        ),
+        peak_rss_bytes=peak_rss_bytes,
+        kv_bytes_per_token=kv_bytes_per_token,
+        weights_bytes=weights_bytes,
+    )
+
+
+def time_weighted_reserved(result: DecodeResult) -> float:
+    """Reserved KV bytes averaged over the decode's wall time (prefill to last token)."""
+    # reserved_kv[0] is after the prefill; entry i is what decode step i ran with.
+    steps = [s for s in result.steps if not s.prefill]
+    if not steps:
+        return float(result.reserved_kv[-1][1]) if result.reserved_kv else 0.0
+    starts = [s.began_s for s in steps]
+    ends = [*starts[1:], result.finished_s]
+    reserved = [r for _, r in result.reserved_kv[1:]]
+    total = sum(e - s for s, e in zip(starts, ends, strict=True))
+    if total <= 0:
+        return float(reserved[-1])
+    return sum(r * (e - s) for r, s, e in zip(reserved, starts, ends, strict=True)) / total
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return float("nan")
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])

@@ -1,0 +1,140 @@
+"""ovspec bench on a tiny model: four protocols, fresh processes, figures that add up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import ovspec.cli.commands  # noqa: F401
+from ovspec.bench import (
+    BenchConfig,
+    band_comparison,
+    boundary_agreement,
+    paired_vs_control,
+    run_bench,
+)
+from ovspec.bench_report import environment, render_text, to_json, write_plots
+from ovspec.cli import cli
+from ovspec.errors import BadRequestError
+from ovspec.ladder import Ladder
+from ovspec.model_dir import ModelDir
+from ovspec.protocols import Protocol
+from ovspec.stateful import EXACT_CPU_PROPERTIES
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    config = BenchConfig(
+        model=ModelDir.open(Path(__file__).parent / "data" / "qwen2"),
+        ladder=Ladder((32, 64)),
+        prompt_tokens=8,
+        new_tokens=50,
+        repetitions=1,
+        variants=("cold",),
+        device="CPU",
+        properties=dict(EXACT_CPU_PROPERTIES),
+        prefill_chunk_tokens=8,
+        seed=1,
+        work_dir=tmp_path_factory.mktemp("bench"),
+    )
+    return run_bench(config)
+
+
+def test_every_protocol_ran_once(result) -> None:  # type: ignore[no-untyped-def]
+    assert sorted(r.figures.protocol for r in result.runs) == ["B0", "B1", "I1", "I2"]
+    for run in result.runs:
+        f = run.figures
+        assert 0 < f.foreground_s <= f.time_to_first_token_s <= f.critical_path_s
+        assert f.decode_tokens == 50  # teacher forcing feeds every forced token
+        assert f.peak_rss_bytes > 0 and f.decode_s > 0
+
+
+def test_boundaries_and_migrations(result) -> None:  # type: ignore[no-untyped-def]
+    fig = {r.figures.protocol: r.figures for r in result.runs}
+    assert fig["B0"].boundaries == ()  # one rung at the top capacity
+    (b1,) = fig["B1"].boundaries
+    assert b1.copied_bytes == 0 and b1.allocated_bytes == 0
+    (i1,) = fig["I1"].boundaries
+    assert (i1.from_capacity_tokens, i1.to_capacity_tokens, i1.at_live_tokens) == (32, 64, 32)
+    assert i1.copied_bytes == 32 * fig["I1"].kv_bytes_per_token
+    assert i1.peak_reserved_bytes == (32 + 64) * fig["I1"].kv_bytes_per_token
+    (i2,) = fig["I2"].boundaries
+    assert i2.loaded_in_background and not i1.loaded_in_background
+    assert fig["I1"].reserved_kv_time_weighted_bytes < fig["B0"].reserved_kv_time_weighted_bytes
+    assert fig["B0"].peak_kv_bytes == 64 * fig["B0"].kv_bytes_per_token
+
+
+def test_boundary_logits_agree_with_the_control(result) -> None:  # type: ignore[no-untyped-def]
+    for protocol in (Protocol.B0, Protocol.B1, Protocol.I2):
+        agreement = boundary_agreement(result, "cold", protocol)
+        assert agreement.compared == 4  # live positions 31, 32, 33, 34
+        assert agreement.top1_equal == agreement.compared
+        assert agreement.min_cosine >= 0.99999
+
+
+def test_one_repetition_gives_no_paired_verdict(result) -> None:  # type: ignore[no-untyped-def]
+    summary = paired_vs_control(result, "cold", Protocol.I2, "foreground_s")
+    assert isinstance(summary, str) and summary.startswith("n/a")
+
+
+def test_report_text_json_and_plots(result, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = environment()
+    text = "\n".join(render_text(result, env))
+    for needle in (
+        "fg compile s",
+        "critical s",
+        "deadlines",
+        "KV avg MiB",
+        "RSS MiB",
+        "decode tokens/s per context band",
+        "memcpy",
+        "boundary logits vs I1",
+        "copy-and-grow time-weighted KV",
+    ):
+        assert needle in text
+    document = json.loads(json.dumps(to_json(result, env)))
+    assert set(document["variants"]["cold"]) == {"B0", "B1", "I1", "I2"}
+    assert document["variants"]["cold"]["I2"]["vs_control"]["boundary_agreement"]["compared"] == 4
+    assert band_comparison(result, "cold", Protocol.I1)
+    for path in write_plots(result, tmp_path):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_config_refuses_a_budget_over_the_top_rung(tmp_path: Path) -> None:
+    with pytest.raises(BadRequestError, match="exceed the top rung 64"):
+        BenchConfig(
+            model=ModelDir.open(Path(__file__).parent / "data" / "qwen2"),
+            ladder=Ladder((32, 64)),
+            prompt_tokens=8,
+            new_tokens=60,
+            repetitions=1,
+            variants=("cold",),
+            device="CPU",
+            properties={},
+            prefill_chunk_tokens=8,
+            seed=0,
+            work_dir=tmp_path,
+        )
+
+
+def test_cli_help_and_bad_input(tmp_path: Path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(cli, ["bench", "--help"]).exit_code == 0
+    result = runner.invoke(
+        cli,
+        [
+            "bench",
+            str(Path(__file__).parent / "data" / "qwen2"),
+            "--ladder",
+            "32,64",
+            "--new-tokens",
+            "100",
+            "--out-dir",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and "exceed the top rung" in result.stderr
