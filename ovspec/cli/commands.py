@@ -4,5 +4,6 @@ from ovspec.cli import (  # noqa: F401
     bench,
     build,
     cache,
+    generate,
     patch,
 )
