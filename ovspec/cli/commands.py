@@ -1,6 +1,7 @@
 """Imports every command module so each registers itself on the group."""
 
 from ovspec.cli import (  # noqa: F401
+    abcompile,
     bench,
     build,
     cache,
