@@ -23,7 +23,10 @@ import openvino as ov
 from ovspec.compiler import Compiler, Program
 from ovspec.errors import CompileError, OvspecError
 from ovspec.ladder import Ladder
+from ovspec.plan import WindowPlan, successors_to_start
 from ovspec.specialize import Phase, Specialization
+
+__all__ = ["EventKind", "Loader", "LoaderEvent", "Policy", "WindowPlan"]
 
 
 class Policy(Enum):
@@ -50,14 +53,6 @@ class LoaderEvent:
     foreground: bool
     seconds: float = 0.0  # the duration this event closes (compile, import, wait)
     note: str = ""
-
-
-@dataclass(frozen=True)
-class WindowPlan:
-    """Per-rung predictions the loader uses to start a successor early."""
-
-    compile_s: dict[int, float]  # successor capacity -> predicted build + import seconds
-    window_s: dict[int, float]  # rung capacity -> predicted decode seconds spent on it
 
 
 class Loader:
@@ -226,31 +221,17 @@ class Loader:
             self.prefetch(successor)
 
     def _successors_to_queue(self, capacity_tokens: int) -> Sequence[tuple[Specialization, str]]:
-        """The next rung, plus later ones whose own window is predicted too short."""
-        out: list[tuple[Specialization, str]] = []
-        current = capacity_tokens
-        nxt = self.ladder.successor(current)
-        if nxt is None:
-            return out
-        out.append((Specialization.decode(nxt), ""))
+        """The next rung, plus later ones the plan's rule says cannot wait (the same
+        function ``ovspec plan`` simulates, so its predictions are the loader's)."""
         plan = self.window_plan
-        while plan is not None:
-            after = self.ladder.successor(nxt)
-            if after is None:
-                break
-            need = plan.compile_s.get(after)
-            have = plan.window_s.get(nxt)
-            if need is None or have is None or need <= have:
-                break
-            out.append(
-                (
-                    Specialization.decode(after),
-                    f"window of rung {nxt} ({have:.2f} s) is shorter than the "
-                    f"compile of {after} ({need:.2f} s)",
-                )
-            )
-            nxt = after
-        return out
+        picked = successors_to_start(
+            self.ladder,
+            capacity_tokens,
+            plan.compile_s if plan is not None else {},
+            plan.window_s if plan is not None else {},
+            plan.rule if plan is not None else None,
+        )
+        return [(Specialization.decode(c), note) for c, note in picked]
 
     def _record(
         self,

@@ -120,7 +120,7 @@ def test_plan_starts_a_successor_early_when_its_window_is_too_short() -> None:
         wait_idle(loader, Specialization.decode(128))
         early = [e for e in loader.events if e.kind is EventKind.EARLY_START]
         assert [e.spec for e in early] == ["decode@128"]
-        assert "window of rung 64" in early[0].note
+        assert "compile of 128 must start" in early[0].note
         assert "decode@256" not in fake.loaded
 
 

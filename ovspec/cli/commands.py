@@ -7,4 +7,5 @@ from ovspec.cli import (  # noqa: F401
     cache,
     generate,
     patch,
+    plan,
 )

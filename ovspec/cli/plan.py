@@ -1,0 +1,421 @@
+"""``ovspec plan``: where one-ahead compilation would stall on a ladder, and whether
+starting a successor early removes it. Costs come from flags, the store's history
+of this model's builds, or a short measured decode per rung.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ovspec.cli import cli
+from ovspec.cli.options import (
+    COMPRESSION,
+    LADDER,
+    cache_dir_option,
+    device_options,
+    emit_json,
+    json_option,
+)
+from ovspec.compression import Compression
+from ovspec.errors import OvspecError
+from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
+from ovspec.plan import DEFAULT_MEASURE_STEPS, Plan, RungCosts, RungValues
+
+DEFAULT_PROMPT_TOKENS = 128
+DEFAULT_CHUNK_TOKENS = 128
+
+
+class RungValuesType(click.ParamType[RungValues, Any]):
+    """``1024=0.8,2048=1.0``, ``0.8``, or ``0.8,8192=2.5``."""
+
+    name = "RUNG=VALUE,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, RungValues):
+            return value
+        flag = param.opts[0] if param is not None and param.opts else "value"
+        try:
+            return RungValues.parse(str(value), flag)
+        except OvspecError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+RUNG_VALUES = RungValuesType()
+
+
+@cli.command()
+@click.argument("model")
+@click.option(
+    "--ladder",
+    type=LADDER,
+    default=",".join(map(str, DEFAULT_LADDER_TOKENS)),
+    show_default=True,
+    help="KV capacities in tokens, smallest first (K = x1024).",
+)
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=DEFAULT_PROMPT_TOKENS,
+    show_default=True,
+    help="Prompt length: it picks the first rung and shortens its window.",
+)
+@click.option(
+    "--new-tokens",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Decode steps after the prompt.  [default: up to the top rung]",
+)
+@device_options
+@click.option(
+    "--compress",
+    "compression",
+    type=COMPRESSION,
+    default="none",
+    show_default=True,
+    help="Weight compression the blobs were built with (part of their key).",
+)
+@click.option(
+    "--blob-mode",
+    type=click.Choice(["weightless", "full"]),
+    default="weightless",
+    show_default=True,
+    help="Blob mode the blobs were built with (part of their key).",
+)
+@click.option(
+    "--chunk",
+    "chunk_tokens",
+    type=click.IntRange(min=1),
+    default=DEFAULT_CHUNK_TOKENS,
+    show_default=True,
+    help="Prefill chunk in tokens: names the first rung's prefill graph.",
+)
+@click.option(
+    "--compile-s",
+    "compile_values",
+    type=RUNG_VALUES,
+    default=None,
+    help="Seconds to have each rung's decode program ready (build + import), per rung "
+    "(1024=0.8,2048=1.0) or one value.  [default: the store's history]",
+)
+@click.option(
+    "--decode-ms",
+    "decode_values",
+    type=RUNG_VALUES,
+    default=None,
+    help="Milliseconds per decode step, per rung (1024=3.1,2048=3.4) or one value.",
+)
+@click.option(
+    "--measure",
+    "measure_flag",
+    is_flag=True,
+    help="Measure instead: make each rung ready through the store (compiling what is "
+    "missing), time a short decode on it, and the prompt's prefill.",
+)
+@click.option(
+    "--measure-steps",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MEASURE_STEPS,
+    show_default=True,
+    help="Decode steps timed per rung with --measure (the median counts).",
+)
+@click.option(
+    "--no-early-start",
+    is_flag=True,
+    help="Plan pure one-ahead: never queue a rung before its predecessor is entered.",
+)
+@click.option(
+    "--rule",
+    type=click.Choice(["window", "latest-start"]),
+    default="latest-start",
+    show_default=True,
+    help="Early-start rule (the loader's default is latest-start): latest-start queues a "
+    "rung when its latest feasible start comes before the next boundary; window queues "
+    "a rung when the window before it is shorter than its compile.",
+)
+@cache_dir_option
+@json_option
+def plan(
+    model: str,
+    ladder: Ladder,
+    prompt_tokens: int,
+    new_tokens: int | None,
+    device: str,
+    config: tuple[tuple[str, str], ...],
+    compression: Compression,
+    blob_mode: str,
+    chunk_tokens: int,
+    compile_values: RungValues | None,
+    decode_values: RungValues | None,
+    measure_flag: bool,
+    measure_steps: int,
+    no_early_start: bool,
+    rule: str,
+    cache_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Predict, per boundary, T_compile(next rung) against T_decode(window) for a
+    request on MODEL (folder or builtin:PRESET), and where one-ahead would stall.
+
+    A boundary is stall-free when the next rung's program is ready before decode
+    reaches it. MODEL is read only when a cost comes from the store or --measure.
+    """
+    from ovspec.plan import (
+        EarlyStartRule,
+        conclusion,
+        history,
+        measure,
+        plan_one_ahead,
+        rungs_needed,
+    )
+
+    if decode_values is not None and measure_flag:
+        raise click.UsageError("--decode-ms and --measure both give the decode rate; choose one")
+    if decode_values is None and not measure_flag:
+        raise click.UsageError(
+            "give the decode rate: --decode-ms MS (per rung or one value) or --measure"
+        )
+    new = max(ladder.top_tokens - prompt_tokens, 0) if new_tokens is None else new_tokens
+    rungs = rungs_needed(ladder, prompt_tokens, new)
+    compile_s = (
+        compile_values.resolve(rungs, ladder, "--compile-s") if compile_values is not None else None
+    )
+    decode_s = (
+        {r: ms / 1000 for r, ms in decode_values.resolve(rungs, ladder, "--decode-ms").items()}
+        if decode_values is not None
+        else None
+    )
+
+    sources: dict[str, str] = {}
+    details: dict[int, dict[str, object]] = {r: {} for r in ladder}
+    prefill_compile_s = 0.0
+    prefill_s = 0.0
+    prefill_note = "prefill graph: not in --compile-s, counted 0"
+    model_root: str | None = None
+    if compile_s is not None:
+        sources["compile"] = "--compile-s"
+    if decode_s is not None:
+        sources["decode"] = "--decode-ms"
+    if measure_flag or compile_s is None:
+        from ovspec.compiler import BlobMode, Compiler
+        from ovspec.model_dir import resolve_model
+        from ovspec.store import Store
+
+        root = cache_dir if cache_dir is not None else Store.default_root()
+        store = Store(root)
+        try:
+            model_dir = resolve_model(model, root / "models")
+            model_root = str(model_dir.root)
+            ladder.check_fits(model_dir.max_position_embeddings)
+            if measure_flag:
+                from ovspec.loader import Policy
+                from ovspec.runtime import open as open_loader
+
+                with open_loader(
+                    model,
+                    ladder,
+                    device=device,
+                    properties=dict(config),
+                    store=store,
+                    policy=Policy.ON_DEMAND,
+                    prefill_chunk_tokens=chunk_tokens,
+                    compression=compression,
+                    blob_mode=BlobMode(blob_mode),
+                ) as loader:
+                    measured = measure(
+                        loader,
+                        rungs,
+                        prompt_tokens,
+                        measure_steps,
+                        on_progress=lambda m: click.echo(f"ovspec plan: {m}", err=True),
+                    )
+                for m in measured.rungs:
+                    details[m.capacity_tokens]["measured"] = {
+                        "store_hit": m.store_hit,
+                        "compile_s": m.compile_s,
+                        "export_s": m.export_s,
+                        "import_s": m.import_s,
+                        "decode_s_per_token": m.decode_s_per_token,
+                        "decode_mean_s_per_token": m.decode_mean_s_per_token,
+                        "steps": m.steps,
+                    }
+                prefill_s = measured.prefill_s
+                decode_s = {m.capacity_tokens: m.decode_s_per_token for m in measured.rungs}
+                sources["decode"] = (
+                    f"measured: median of {measure_steps} decode steps per rung; "
+                    f"prefill of {prompt_tokens} tokens {prefill_s:.3f} s"
+                )
+                if compile_s is None:
+                    compile_s = {m.capacity_tokens: m.ready_s for m in measured.rungs}
+                    prefill_compile_s = measured.prefill_compile_s
+                    prefill_note = f"{measured.prefill_label} {prefill_compile_s:.3f} s measured"
+                    sources["compile"] = (
+                        "measured: store build (compile + export; the recorded ones on a "
+                        "hit) + import just now"
+                    )
+            else:
+                compiler = Compiler(
+                    model_dir,
+                    device,
+                    dict(config),
+                    store,
+                    compression=compression,
+                    blob_mode=BlobMode(blob_mode),
+                )
+                try:
+                    recorded = history(compiler, ladder, rungs, chunk_tokens)
+                finally:
+                    compiler.close()
+                compile_s = recorded.compile_s()
+                for r, record in recorded.decode.items():
+                    details[r]["history"] = {
+                        "key": record.key_hex,
+                        "compile_s": record.compile_s,
+                        "export_s": record.export_s,
+                    }
+                if recorded.prefill is not None:
+                    prefill_compile_s = recorded.prefill.build_s
+                    prefill_note = f"{recorded.prefill.label} {prefill_compile_s:.3f} s"
+                else:
+                    prefill_note = "prefill graph: not in the history, counted 0"
+                sources["compile"] = (
+                    "store history: recorded compile + export (import not measured; "
+                    "--measure adds it)"
+                )
+        finally:
+            store.close()
+    assert compile_s is not None and decode_s is not None
+    costs = RungCosts(compile_s, decode_s, prefill_compile_s, prefill_s)
+    chosen = EarlyStartRule(rule.replace("-", "_"))
+    one_ahead = plan_one_ahead(ladder, prompt_tokens, new, costs, early_start=False)
+    planned: Plan | None = None
+    better: Plan | None = None
+    if not no_early_start:
+        planned = plan_one_ahead(ladder, prompt_tokens, new, costs, True, chosen)
+        other = (
+            EarlyStartRule.LATEST_START
+            if chosen is EarlyStartRule.WINDOW
+            else EarlyStartRule.WINDOW
+        )
+        better = plan_one_ahead(ladder, prompt_tokens, new, costs, True, other)
+    line = conclusion(one_ahead, planned, better)
+    shown = planned if planned is not None else one_ahead
+
+    if as_json:
+        emit_json(
+            {
+                "model": model_root or model,
+                "device": device,
+                "ladder": list(ladder),
+                "prompt_tokens": prompt_tokens,
+                "new_tokens": new,
+                "sources": sources,
+                "prefill_compile_s": prefill_compile_s,
+                "prefill_s": prefill_s,
+                "rungs": [
+                    {
+                        "capacity_tokens": r,
+                        "compile_s": costs.compile_s.get(r),
+                        "decode_s_per_token": costs.decode_s_per_token.get(r),
+                        "window_s": shown.window_s.get(r),
+                        **details[r],
+                    }
+                    for r in ladder
+                    if r in costs.compile_s or r in costs.decode_s_per_token
+                ],
+                "plan": shown.to_json(),
+                "one_ahead": one_ahead.to_json(),
+                "conclusion": line,
+            }
+        )
+        return
+    _echo_text(model_root or model, device, sources, costs, shown, prefill_note, line)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        cells = [
+            c.ljust(w) if i in left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        return "  ".join(cells).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]
+
+
+def _echo_text(
+    model: str,
+    device: str,
+    sources: dict[str, str],
+    costs: RungCosts,
+    shown: Plan,
+    prefill_note: str,
+    line: str,
+) -> None:
+    click.echo(f"model    {model}")
+    click.echo(
+        f"request  {shown.prompt_tokens} prompt + {shown.new_tokens} new tokens on ladder "
+        f"{shown.ladder}, device {device}"
+    )
+    click.echo(f"compile  {sources['compile']}")
+    click.echo(f"decode   {sources['decode']}")
+    early = f"on ({shown.rule.value.replace('_', '-')} rule)" if shown.early_start else "off"
+    click.echo(f"early start {early}")
+    click.echo("")
+    rung_rows = [
+        [
+            str(r),
+            f"{costs.compile_s[r]:.3f}" if r in costs.compile_s else "-",
+            f"{costs.decode_s_per_token[r] * 1000:.3f}" if r in costs.decode_s_per_token else "-",
+            f"{shown.window_s[r]:.3f}" if r in shown.window_s else "-",
+        ]
+        for r in shown.ladder
+        if r >= shown.first_capacity_tokens
+    ]
+    for text in _table(["rung", "compile s", "decode ms/token", "window s"], rung_rows, {0}):
+        click.echo(text)
+    click.echo("")
+    rows = [
+        [
+            b.label,
+            str(b.window_tokens),
+            f"{b.window_s:.3f}",
+            f"{b.compile_s:.3f}",
+            f"{b.start_s:.3f}",
+            f"{b.ready_s:.3f}",
+            f"{b.boundary_s:.3f}",
+            f"{b.slack_s:+.3f}",
+            b.verdict,
+        ]
+        for b in shown.boundaries
+    ]
+    header = [
+        "boundary",
+        "window tok",
+        "T_decode s",
+        "T_compile s",
+        "start s",
+        "ready s",
+        "boundary s",
+        "slack s",
+        "verdict",
+    ]
+    for text in _table(header, rows, {0, 8}):
+        click.echo(text)
+    first = shown.first_capacity_tokens
+    click.echo("")
+    click.echo(
+        f"foreground compile {shown.foreground_s:.3f} s ({prefill_note}; "
+        f"decode@{first} {costs.compile_s[first]:.3f} s)"
+    )
+    speculative = ", ".join(str(c.capacity_tokens) for c in shown.speculative)
+    click.echo(
+        f"predicted boundary wait {shown.wait_s:.3f} s; last token at {shown.finished_s:.3f} s"
+        + (f"; speculative compiles: {speculative}" if speculative else "")
+    )
+    click.echo(line)
