@@ -68,12 +68,15 @@ class Loader:
         clock: Callable[[], float] = time.perf_counter,
         on_close: Sequence[Callable[[], None]] = (),
         origin_s: float | None = None,
+        warm_up: bool = True,
     ) -> None:
         self.compiler = compiler
         self.ladder = ladder
         self.policy = policy
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.window_plan = window_plan
+        self.warm_up = warm_up
+        self._warmed = False
         self._clock = clock
         self._opened_s = clock() if origin_s is None else origin_s
         self._lock = threading.Lock()
@@ -144,6 +147,20 @@ class Loader:
                 return
             self._pending[spec] = self._worker.submit(self._load, spec, False)
 
+    def disable_warm_up(self) -> None:
+        """Stop warming programs with dense inputs (for shared-max KV views).
+
+        OpenVINO 2026.4's CPU plugin corrupts its heap when one compiled model runs
+        with dense input tensors and later with strided (ROI) ones, so a loader that
+        feeds shared-max views must never have warmed a program densely.
+        """
+        if self._warmed:
+            raise OvspecError(
+                "this loader already warmed programs with dense inputs; open a new loader "
+                "for shared-max KV (strided views)"
+            )
+        self.warm_up = False
+
     @property
     def origin_s(self) -> float:
         """The ``perf_counter`` value event times are measured from."""
@@ -203,7 +220,17 @@ class Loader:
             self._record(EventKind.STORE_HIT, spec, foreground, seconds=build.compile_s)
         else:
             self._record(EventKind.COMPILED, spec, foreground, seconds=build.compile_s)
-        self._record(EventKind.LOADED, spec, foreground, seconds=program.import_s)
+        warm_s = 0.0
+        if self.warm_up:
+            warm_s = warm_up(program.compiled)
+            self._warmed = True
+        self._record(
+            EventKind.LOADED,
+            spec,
+            foreground,
+            seconds=program.import_s + warm_s,
+            note=f"import {program.import_s:.3f} s, warm-up {warm_s:.3f} s",
+        )
         with self._lock:
             self._programs[spec] = program
             self._pending.pop(spec, None)
@@ -254,3 +281,19 @@ class Loader:
 
 def _as_spec(spec: Specialization | int) -> Specialization:
     return Specialization.decode(spec) if isinstance(spec, int) else spec
+
+
+def warm_up(compiled: ov.CompiledModel) -> float:
+    """Run one throwaway inference; returns its seconds.
+
+    A compiled model's first inference pays one-time costs (CPU: allocations and
+    weight repacking, 10-30 ms on a small model). Paying them here, on the loader's
+    thread, keeps them out of the first decode step after a boundary.
+    """
+    began = time.perf_counter()
+    request = compiled.create_infer_request()
+    for port in compiled.inputs:
+        tensor = request.get_tensor(port)
+        tensor.data[...] = 0
+    request.infer()
+    return time.perf_counter() - began

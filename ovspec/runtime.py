@@ -126,6 +126,8 @@ def decode(
             "extend --ladder or lower --max-new-tokens"
         )
     origin = loader.origin_s
+    if kv_layout is KVLayout.SHARED_MAX:
+        loader.disable_warm_up()
     first = ladder.rung_for(len(prompt_ids))
     loader.start(first)
     ready_s = time.perf_counter() - origin

@@ -50,7 +50,7 @@ def wait_idle(loader: Loader, spec: Specialization, timeout_s: float = 5.0) -> N
 
 def test_one_ahead_loads_the_first_rung_in_front_and_one_successor_behind() -> None:
     fake = FakeCompiler()
-    with Loader(fake, LADDER, Policy.ONE_AHEAD, prefill_chunk_tokens=16) as loader:  # type: ignore[arg-type]
+    with Loader(fake, LADDER, Policy.ONE_AHEAD, prefill_chunk_tokens=16, warm_up=False) as loader:  # type: ignore[arg-type]
         loader.start(32)
         wait_idle(loader, Specialization.decode(64))
         assert fake.loaded == ["prefill@32x16", "decode@32", "decode@64"]
@@ -66,7 +66,7 @@ def test_one_ahead_loads_the_first_rung_in_front_and_one_successor_behind() -> N
 
 def test_eager_loads_every_rung_before_the_first_token() -> None:
     fake = FakeCompiler()
-    with Loader(fake, LADDER, Policy.EAGER, prefill_chunk_tokens=16) as loader:  # type: ignore[arg-type]
+    with Loader(fake, LADDER, Policy.EAGER, prefill_chunk_tokens=16, warm_up=False) as loader:  # type: ignore[arg-type]
         loader.start(32)
         assert fake.loaded == [
             "prefill@32x16",
@@ -80,7 +80,7 @@ def test_eager_loads_every_rung_before_the_first_token() -> None:
 
 def test_on_demand_never_prefetches() -> None:
     fake = FakeCompiler()
-    with Loader(fake, LADDER, Policy.ON_DEMAND) as loader:  # type: ignore[arg-type]
+    with Loader(fake, LADDER, Policy.ON_DEMAND, warm_up=False) as loader:  # type: ignore[arg-type]
         loader.start(32)
         loader.get(64)
         time.sleep(0.05)
@@ -90,7 +90,7 @@ def test_on_demand_never_prefetches() -> None:
 
 def test_a_successor_not_ready_in_time_is_waited_for_and_the_wait_recorded() -> None:
     fake = FakeCompiler(load_s=0.2)
-    with Loader(fake, LADDER, Policy.ONE_AHEAD) as loader:  # type: ignore[arg-type]
+    with Loader(fake, LADDER, Policy.ONE_AHEAD, warm_up=False) as loader:  # type: ignore[arg-type]
         loader.start(32)  # 0.2 s in front, then decode@64 starts behind
         loader.get(64)  # at once: the boundary comes before the compile is done
         waits = [e for e in loader.events if e.kind is EventKind.WAIT]
@@ -100,7 +100,7 @@ def test_a_successor_not_ready_in_time_is_waited_for_and_the_wait_recorded() -> 
 
 def test_a_failed_successor_surfaces_at_its_boundary() -> None:
     fake = FakeCompiler(fail=frozenset({64}))
-    with Loader(fake, LADDER, Policy.ONE_AHEAD) as loader:  # type: ignore[arg-type]
+    with Loader(fake, LADDER, Policy.ONE_AHEAD, warm_up=False) as loader:  # type: ignore[arg-type]
         loader.start(32)  # the rung-32 graph is fine; 64 fails in the background
         time.sleep(0.1)
         assert any(e.kind is EventKind.FAILED for e in loader.events)
@@ -115,7 +115,7 @@ def test_plan_starts_a_successor_early_when_its_window_is_too_short() -> None:
     plan = WindowPlan(
         compile_s={64: 0.05, 128: 0.5, 256: 0.05}, window_s={32: 1.0, 64: 0.1, 128: 1.0}
     )
-    with Loader(fake, LADDER, Policy.ONE_AHEAD, window_plan=plan) as loader:  # type: ignore[arg-type]
+    with Loader(fake, LADDER, Policy.ONE_AHEAD, window_plan=plan, warm_up=False) as loader:  # type: ignore[arg-type]
         loader.start(32)
         wait_idle(loader, Specialization.decode(128))
         early = [e for e in loader.events if e.kind is EventKind.EARLY_START]
@@ -126,7 +126,7 @@ def test_plan_starts_a_successor_early_when_its_window_is_too_short() -> None:
 
 def test_close_leaves_no_threads_and_refuses_more_work() -> None:
     fake = FakeCompiler(load_s=0.05)
-    loader = Loader(fake, LADDER, Policy.ONE_AHEAD)  # type: ignore[arg-type]
+    loader = Loader(fake, LADDER, Policy.ONE_AHEAD, warm_up=False)  # type: ignore[arg-type]
     loader.start(32)
     loader.close()
     loader.close()  # idempotent
@@ -137,7 +137,7 @@ def test_close_leaves_no_threads_and_refuses_more_work() -> None:
 
 def test_concurrent_gets_share_one_load() -> None:
     fake = FakeCompiler(load_s=0.05)
-    with Loader(fake, LADDER, Policy.ON_DEMAND) as loader:  # type: ignore[arg-type]
+    with Loader(fake, LADDER, Policy.ON_DEMAND, warm_up=False) as loader:  # type: ignore[arg-type]
         loader.prefetch(64)
         threads = [threading.Thread(target=loader.get, args=(64,)) for _ in range(4)]
         for t in threads:
@@ -149,7 +149,7 @@ def test_concurrent_gets_share_one_load() -> None:
 
 def test_concurrent_foreground_gets_share_one_load() -> None:
     fake = FakeCompiler(load_s=0.05)
-    with Loader(fake, LADDER, Policy.ON_DEMAND) as loader:  # type: ignore[arg-type]
+    with Loader(fake, LADDER, Policy.ON_DEMAND, warm_up=False) as loader:  # type: ignore[arg-type]
         threads = [threading.Thread(target=loader.get, args=(128,)) for _ in range(4)]
         for t in threads:
             t.start()

@@ -305,7 +305,9 @@ def loader_early_starts(plan: Plan, ladder: Ladder) -> list[tuple[str, str]]:
     """Drive a real Loader (instant fake compiles) through the plan's rungs, in order,
     and return its EARLY_START events."""
     fake = FakeCompiler()
-    with Loader(fake, ladder, Policy.ONE_AHEAD, window_plan=window_plan(plan)) as loader:  # type: ignore[arg-type]
+    with Loader(
+        fake, ladder, Policy.ONE_AHEAD, window_plan=window_plan(plan), warm_up=False
+    ) as loader:  # type: ignore[arg-type]
         rungs = rungs_needed(ladder, plan.prompt_tokens, plan.new_tokens)
         loader.start(rungs[0])
         for rung in rungs[1:]:
@@ -433,7 +435,9 @@ def test_the_loader_and_the_plan_pick_the_same_successors(
 ) -> None:
     ladder, prompt, _new, costs = scenario
     plan = window_plan(costs, ladder, prompt)
-    with Loader(FakeCompiler(), ladder, Policy.ONE_AHEAD, window_plan=plan) as loader:  # type: ignore[arg-type]
+    with Loader(
+        FakeCompiler(), ladder, Policy.ONE_AHEAD, window_plan=plan, warm_up=False
+    ) as loader:  # type: ignore[arg-type]
         for rung in (r for r in ladder if r >= ladder.rung_for(prompt)):
             theirs = [(s.capacity_tokens, note) for s, note in loader._successors_to_queue(rung)]
             ours = successors_to_start(ladder, rung, plan.compile_s, plan.window_s, plan.rule)
