@@ -7,6 +7,8 @@ raises these and never prints or exits.
 
 from __future__ import annotations
 
+import re
+
 
 class OvspecError(Exception):
     """Base of all ovspec errors. ``exit_code`` is what the CLI exits with."""
@@ -56,11 +58,15 @@ class PatchError(OvspecError):
     exit_code = 2
 
 
-def openvino_message(exc: BaseException) -> str:
-    """The informative line of an OpenVINO exception (it leads with source locations)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for line in lines:
-        if line.startswith(("Exception from ", "Check ")) or line.endswith(".cpp"):
-            continue
-        return line
-    return lines[-1] if lines else type(exc).__name__
+def openvino_message(exc: BaseException, limit_chars: int = 400) -> str:
+    """OpenVINO's exception text without its source-location prefixes, on one line.
+
+    OpenVINO prefixes every layer with ``Exception from src/...cpp:NN:``; what the user
+    needs is the rest (for an NPU with no compiler: which library failed to load).
+    """
+    text = re.sub(r"Exception from \S+:\d+:\s*", "", str(exc))
+    text = re.sub(r"Check '[^']*' failed at \S+:\d+:\s*", "", text)
+    text = " ".join(text.split())
+    if not text:
+        return type(exc).__name__
+    return text if len(text) <= limit_chars else text[: limit_chars - 3] + "..."

@@ -200,3 +200,33 @@ def test_a_model_copied_elsewhere_hits_the_same_blobs(tmp_path: Path, qwen2_dir:
     base = ["--ladder", "32", "--phases", "decode", "--cache-dir", str(tmp_path / "s"), "--json"]
     assert json.loads(run("build", str(qwen2_dir), *base).stdout)["totals"]["misses"] == 1
     assert json.loads(run("build", str(copy), *base).stdout)["totals"]["hits"] == 1
+
+
+def test_offline_npu_without_a_compiler_says_which_library_is_missing(
+    tmp_path: Path, qwen2_dir: Path
+) -> None:
+    libs = Path(ov.__file__).parent / "libs"
+    if "NPU" in ov.Core().available_devices or any(libs.glob("*npu_compiler*")):
+        pytest.skip("this machine has an NPU or an NPU compiler")
+    result = run(
+        "build",
+        str(qwen2_dir),
+        "--ladder",
+        "32",
+        "--phases",
+        "decode",
+        "--device",
+        "NPU",
+        "--config",
+        "NPU_PLATFORM=4000",
+        "--config",
+        "NPU_COMPILER_TYPE=PLUGIN",
+        "--cache-dir",
+        str(tmp_path),
+    )
+    assert result.exit_code == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "NPU failed to compile decode@32" in lines[0]
+    assert "npu_compiler" in lines[0] and "Exception from" not in lines[0]
+    with Store(tmp_path) as store:
+        assert store.entries() == [] and store.check() == []
