@@ -52,9 +52,9 @@ from typing import Any
 
 import diskcache
 import platformdirs
-import xxhash
 
 from ovspec.errors import StoreError
+from ovspec.fingerprint import size_and_digest
 from ovspec.keys import BlobKey, KeyComponent
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,6 @@ DEFAULT_SIZE_LIMIT_BYTES = 20 * 2**30
 STALE_TEMP_S = 3600.0
 # gc() deletes quarantined payloads older than this.
 QUARANTINE_KEEP_S = 7 * 24 * 3600.0
-HASH_CHUNK_BYTES = 8 * 2**20
 
 _ENV_ROOT = "OVSPEC_CACHE_DIR"
 _ROW_PREFIX = "entry:"
@@ -260,20 +259,11 @@ class _KeyLock:
 
 
 def _hash_file(path: Path) -> tuple[int, str] | None:
-    """(size, xxh3-128 hex) of a file, streamed in 8 MiB chunks; None if absent."""
-    h = xxhash.xxh3_128()
-    buf = bytearray(HASH_CHUNK_BYTES)
-    view = memoryview(buf)
-    size = 0
+    """(size, xxh3-128 hex) of a file; None if absent."""
     try:
-        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below, FileNotFoundError first
+        return size_and_digest(path)
     except FileNotFoundError:
         return None
-    with f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-            size += n
-    return size, h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
