@@ -11,6 +11,8 @@ Every compile, import, hit and wait is an event with times relative to ``open``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -83,7 +85,9 @@ class Loader:
         self._programs: dict[Specialization, Program] = {}
         self._pending: dict[Specialization, Future[Program]] = {}
         self._events: list[LoaderEvent] = []
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ovspec-loader")
+        self._worker = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ovspec-loader", initializer=_lower_priority
+        )
         self._closed = False
         self._on_close = list(on_close)
 
@@ -297,3 +301,10 @@ def warm_up(compiled: ov.CompiledModel) -> float:
         tensor.data[...] = 0
     request.infer()
     return time.perf_counter() - began
+
+
+def _lower_priority() -> None:
+    """Let the decode thread win the cores from background compiles (Linux: per-thread
+    nice). Best effort: a platform without per-thread priorities keeps the default."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

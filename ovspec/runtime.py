@@ -17,6 +17,7 @@ import numpy as np
 
 from ovspec.compiler import BlobMode, Compiler
 from ovspec.compression import Compression
+from ovspec.devices import device_family
 from ovspec.errors import BadRequestError
 from ovspec.kv import KVLayout, make_kv
 from ovspec.ladder import Ladder
@@ -49,6 +50,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     """
     ladder = Ladder.parse(ladder) if isinstance(ladder, str) else ladder
     policy = Policy(policy) if isinstance(policy, str) else policy
+    properties = background_safe_properties(device, policy, properties or {})
     compression = Compression.parse(compression) if isinstance(compression, str) else compression
     owns_store = not isinstance(store, Store)
     opened = store if isinstance(store, Store) else Store(store or Store.default_root())
@@ -58,7 +60,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         compiler = Compiler(
             model_dir,
             device,
-            dict(properties or {}),
+            properties,
             opened,
             compression=compression,
             blob_mode=blob_mode,
@@ -79,6 +81,26 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         on_close=on_close,
         origin_s=origin_s,
     )
+
+
+def background_safe_properties(
+    device: str, policy: Policy, properties: Mapping[str, str]
+) -> dict[str, str]:
+    """CPU: turn thread pinning off when compiles run beside decoding, unless asked.
+
+    With OpenVINO's default pinning, a compile or import on the loader's thread while
+    the decode thread infers leaves decoding pinned badly for the rest of the run: 35%
+    slower decode on 2 cores, measured (docs/benchmarks/bench.md). Pinning cannot
+    change a blob (tests/test_devices.py), so keys and stored blobs are unaffected.
+    """
+    props = dict(properties)
+    if (
+        policy is Policy.ONE_AHEAD
+        and device_family(device) == "CPU"
+        and "ENABLE_CPU_PINNING" not in props
+    ):
+        props["ENABLE_CPU_PINNING"] = "NO"
+    return props
 
 
 @dataclass(frozen=True)

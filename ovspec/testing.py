@@ -158,7 +158,7 @@ PRESETS: Mapping[str, ModelSpec] = {
         max_position_embeddings=8192,
         rope_theta=10_000.0,
     ),
-    # Large enough for per-rung compile and decode times to mean something (~1 s compile).
+    # Large enough for per-rung compile and decode times to mean something (0.2-0.4 s).
     "small": ModelSpec(
         layers=6,
         hidden_size=256,
@@ -166,6 +166,18 @@ PRESETS: Mapping[str, ModelSpec] = {
         attention_heads=4,
         kv_heads=2,
         vocab_size=8192,
+        max_position_embeddings=32768,
+    ),
+    # Long-context decode in miniature: full multi-head KV (8 KV heads) on few weights,
+    # so at 2K tokens the KV cache (34 MB) outweighs the weights (29 MB) and decode
+    # time follows the rung's capacity. The bench's default model.
+    "kv-heavy": ModelSpec(
+        layers=4,
+        hidden_size=512,
+        intermediate_size=1024,
+        attention_heads=8,
+        kv_heads=8,
+        vocab_size=4096,
         max_position_embeddings=32768,
     ),
     # Qwen2.5-0.5B's shapes (config.json of Qwen/Qwen2.5-0.5B), random weights.

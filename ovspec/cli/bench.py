@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 import click
 
 from ovspec.cli import cli
-from ovspec.cli.options import LADDER, cache_dir_option, device_options, emit_json, json_option
+from ovspec.cli.options import (
+    cache_dir_option,
+    chunk_option,
+    device_options,
+    emit_json,
+    json_option,
+    ladder_option,
+)
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
@@ -19,13 +26,7 @@ if TYPE_CHECKING:
 
 @cli.command()
 @click.argument("model")
-@click.option(
-    "--ladder",
-    type=LADDER,
-    default="1024,2048,4096,8192",
-    show_default=True,
-    help="KV capacities in tokens, smallest first.",
-)
+@ladder_option
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option(
     "--new-tokens",
@@ -47,14 +48,7 @@ if TYPE_CHECKING:
     help="cold: an empty store per run (compile figures); warm: a prebuilt store.",
 )
 @device_options
-@click.option(
-    "--chunk",
-    "chunk_tokens",
-    type=click.IntRange(min=1),
-    default=128,
-    show_default=True,
-    help="Prefill chunk in tokens.",
-)
+@chunk_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds tokens and order.")
 @click.option(
     "--out-dir",
@@ -84,7 +78,8 @@ def bench(
     """Measure the four protocols on MODEL (folder or builtin:PRESET).
 
     Every run is a fresh process; cold runs use an empty store each, so their
-    compile figures are real compiles. Properties default to exact f32 on CPU.
+    compile figures are real compiles. Properties default to exact f32 on CPU,
+    without thread pinning, for every protocol.
     """
     from ovspec.bench import BenchConfig, run_bench
     from ovspec.bench_report import environment, render_text, to_json, write_plots

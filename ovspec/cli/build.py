@@ -8,50 +8,32 @@ import click
 
 from ovspec.cli import cli
 from ovspec.cli.options import (
-    COMPRESSION,
-    LADDER,
+    blob_mode_option,
     cache_dir_option,
+    chunk_option,
+    compress_option,
     device_options,
     emit_json,
     json_option,
+    ladder_option,
     progress,
 )
 from ovspec.compression import Compression
-from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
+from ovspec.ladder import Ladder
 
 
 @cli.command()
 @click.argument("model")
-@click.option(
-    "--ladder",
-    type=LADDER,
-    default=",".join(map(str, DEFAULT_LADDER_TOKENS)),
-    show_default=True,
-    help="KV capacities in tokens, smallest first (K = x1024).",
-)
+@ladder_option
 @click.option(
     "--phases",
     default="decode,prefill",
     show_default=True,
     help="Which graphs per rung: decode, prefill, or both.",
 )
-@click.option(
-    "--chunk",
-    "chunk_tokens",
-    type=click.IntRange(min=1),
-    default=128,
-    show_default=True,
-    help="Prefill chunk in tokens (shrunk to the rung on small rungs).",
-)
+@chunk_option
 @device_options
-@click.option(
-    "--compress",
-    "compression",
-    type=COMPRESSION,
-    default="none",
-    show_default=True,
-    help="Weight compression before specializing: none, int8, int4 or int4:GROUP.",
-)
+@compress_option
 @click.option(
     "--jobs",
     type=click.IntRange(min=1),
@@ -59,13 +41,7 @@ from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
     show_default=True,
     help="Specializations compiled at once.",
 )
-@click.option(
-    "--blob-mode",
-    type=click.Choice(["weightless", "full"]),
-    default="weightless",
-    show_default=True,
-    help="weightless: blobs point into the model's .bin (weights stored once per ladder).",
-)
+@blob_mode_option
 @cache_dir_option
 @json_option
 def build(

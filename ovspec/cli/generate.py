@@ -14,14 +14,15 @@ import click
 from ovspec.cli import cli
 from ovspec.cli.options import (
     INT_LIST,
-    LADDER,
     cache_dir_option,
+    chunk_option,
     device_options,
     emit_json,
     json_option,
+    ladder_option,
 )
 from ovspec.errors import BadRequestError
-from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
+from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
     from ovspec.runtime import DecodeResult
@@ -44,21 +45,8 @@ KV_LAYOUT_CHOICES = ("copy-and-grow", "shared-max")
     show_default=True,
     help="Tokens to generate at most.",
 )
-@click.option(
-    "--ladder",
-    type=LADDER,
-    default=",".join(map(str, DEFAULT_LADDER_TOKENS)),
-    show_default=True,
-    help="KV capacities in tokens, smallest first (K = x1024).",
-)
-@click.option(
-    "--chunk",
-    "chunk_tokens",
-    type=click.IntRange(min=1),
-    default=128,
-    show_default=True,
-    help="Prefill chunk in tokens (shrunk to the rung on small rungs).",
-)
+@ladder_option
+@chunk_option
 @click.option(
     "--policy",
     type=click.Choice(POLICY_CHOICES),

@@ -17,7 +17,7 @@ import click
 
 from ovspec.compression import Compression
 from ovspec.errors import OvspecError
-from ovspec.ladder import Ladder
+from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -78,6 +78,51 @@ LADDER = LadderType()
 COMPRESSION = CompressionType()
 KEY_VALUE = KeyValueType()
 INT_LIST = IntListType()
+
+
+DEFAULT_LADDER_TEXT = ",".join(map(str, DEFAULT_LADDER_TOKENS))
+
+
+def ladder_option(func: F) -> F:
+    return click.option(
+        "--ladder",
+        type=LADDER,
+        default=DEFAULT_LADDER_TEXT,
+        show_default=True,
+        help="KV capacities in tokens, smallest first (K = x1024).",
+    )(func)
+
+
+def chunk_option(func: F) -> F:
+    return click.option(
+        "--chunk",
+        "chunk_tokens",
+        type=click.IntRange(min=1),
+        default=128,
+        show_default=True,
+        help="Prefill chunk in tokens (shrunk to the rung on small rungs).",
+    )(func)
+
+
+def compress_option(func: F) -> F:
+    return click.option(
+        "--compress",
+        "compression",
+        type=COMPRESSION,
+        default="none",
+        show_default=True,
+        help="Weight compression before specializing: none, int8, int4 or int4:GROUP.",
+    )(func)
+
+
+def blob_mode_option(func: F) -> F:
+    return click.option(
+        "--blob-mode",
+        type=click.Choice(["weightless", "full"]),
+        default="weightless",
+        show_default=True,
+        help="weightless: blobs point into the model's .bin (weights stored once per ladder).",
+    )(func)
 
 
 def cache_dir_option(func: F) -> F:

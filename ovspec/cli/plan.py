@@ -13,16 +13,18 @@ import click
 
 from ovspec.cli import cli
 from ovspec.cli.options import (
-    COMPRESSION,
-    LADDER,
+    blob_mode_option,
     cache_dir_option,
+    chunk_option,
+    compress_option,
     device_options,
     emit_json,
     json_option,
+    ladder_option,
 )
 from ovspec.compression import Compression
 from ovspec.errors import OvspecError
-from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
+from ovspec.ladder import Ladder
 from ovspec.plan import DEFAULT_MEASURE_STEPS, Plan, RungCosts, RungValues
 
 DEFAULT_PROMPT_TOKENS = 128
@@ -49,13 +51,7 @@ RUNG_VALUES = RungValuesType()
 
 @cli.command()
 @click.argument("model")
-@click.option(
-    "--ladder",
-    type=LADDER,
-    default=",".join(map(str, DEFAULT_LADDER_TOKENS)),
-    show_default=True,
-    help="KV capacities in tokens, smallest first (K = x1024).",
-)
+@ladder_option
 @click.option(
     "--prompt-tokens",
     type=click.IntRange(min=1),
@@ -70,29 +66,9 @@ RUNG_VALUES = RungValuesType()
     help="Decode steps after the prompt.  [default: up to the top rung]",
 )
 @device_options
-@click.option(
-    "--compress",
-    "compression",
-    type=COMPRESSION,
-    default="none",
-    show_default=True,
-    help="Weight compression the blobs were built with (part of their key).",
-)
-@click.option(
-    "--blob-mode",
-    type=click.Choice(["weightless", "full"]),
-    default="weightless",
-    show_default=True,
-    help="Blob mode the blobs were built with (part of their key).",
-)
-@click.option(
-    "--chunk",
-    "chunk_tokens",
-    type=click.IntRange(min=1),
-    default=DEFAULT_CHUNK_TOKENS,
-    show_default=True,
-    help="Prefill chunk in tokens: names the first rung's prefill graph.",
-)
+@compress_option
+@blob_mode_option
+@chunk_option
 @click.option(
     "--compile-s",
     "compile_values",
