@@ -94,24 +94,38 @@ class Loader:
     # -- public API ---------------------------------------------------------------
 
     def start(self, first_capacity_tokens: int) -> None:
-        """Foreground work before the first token, as the policy prescribes."""
+        """Foreground work before the first token, as the policy prescribes.
+
+        The graphs it needs load two at a time, every other one on the worker: a CPU
+        compile keeps about one core busy, so the first rung's prefill and decode
+        graphs cost about one compile of wall time, not two.
+        """
         first = [Specialization.decode(first_capacity_tokens)]
         if self.prefill_chunk_tokens is not None:
             first.insert(0, self._prefill(first_capacity_tokens))
+        specs = first
         if self.policy is Policy.EAGER:
             rungs = [c for c in self.ladder if c >= first_capacity_tokens]
             specs = first + [Specialization.decode(c) for c in rungs[1:]]
-            for spec in specs:
-                self.get(spec)
-            return
-        for spec in first:
-            self.get(spec)
+        for spec in specs[1::2]:
+            self._submit(spec, foreground=True)
+        for spec in specs:
+            self._obtain(spec, record_wait=False)
+        # Successors are queued only now, behind the foreground work.
+        self._after_get(Specialization.decode(first_capacity_tokens))
 
     def get(self, spec: Specialization | int) -> ov.CompiledModel:
         """The compiled graph of ``spec`` (a rung means its decode graph); loads it in the
         foreground if nobody has."""
         self._check_open()
         spec = _as_spec(spec)
+        program = self._obtain(spec, record_wait=True)
+        self._after_get(spec)
+        return program.compiled
+
+    def _obtain(self, spec: Specialization, record_wait: bool) -> Program:
+        """From memory, from a load under way (waiting for it), or loaded here."""
+        self._check_open()
         with self._lock:
             program = self._programs.get(spec)
             pending = self._pending.get(spec)
@@ -120,36 +134,38 @@ class Loader:
                 # Register the foreground load so concurrent get()s wait for it.
                 pending = Future()
                 self._pending[spec] = pending
+        if program is not None:
+            return program
+        assert pending is not None
         if owner:
-            assert pending is not None
             try:
                 program = self._load(spec, foreground=True)
             except BaseException as exc:
                 pending.set_exception(exc)
                 raise
             pending.set_result(program)
-        elif program is None:
-            assert pending is not None
-            began = self._clock()
-            try:
-                program = pending.result()
-            except OvspecError:
-                raise
-            except Exception as exc:  # a bug or an OpenVINO crash in the worker
-                raise CompileError(f"background load of {spec.label} failed: {exc}") from exc
-            waited = self._clock() - began
-            self._record(EventKind.WAIT, spec, foreground=True, seconds=waited)
-        self._after_get(spec)
-        return program.compiled
+            return program
+        began = self._clock()
+        try:
+            program = pending.result()
+        except OvspecError:
+            raise
+        except Exception as exc:  # a bug or an OpenVINO crash in the worker
+            raise CompileError(f"background load of {spec.label} failed: {exc}") from exc
+        if record_wait:
+            self._record(EventKind.WAIT, spec, foreground=True, seconds=self._clock() - began)
+        return program
 
     def prefetch(self, spec: Specialization | int) -> None:
         """Queue ``spec`` on the background worker (no-op if loaded or queued)."""
         self._check_open()
-        spec = _as_spec(spec)
+        self._submit(_as_spec(spec), foreground=False)
+
+    def _submit(self, spec: Specialization, foreground: bool) -> None:
         with self._lock:
             if spec in self._programs or spec in self._pending:
                 return
-            self._pending[spec] = self._worker.submit(self._load, spec, False)
+            self._pending[spec] = self._worker.submit(self._load, spec, foreground)
 
     def disable_warm_up(self) -> None:
         """Stop warming programs with dense inputs (for shared-max KV views).

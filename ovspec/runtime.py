@@ -86,19 +86,17 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
 def background_safe_properties(
     device: str, policy: Policy, properties: Mapping[str, str]
 ) -> dict[str, str]:
-    """CPU: turn thread pinning off when compiles run beside decoding, unless asked.
+    """CPU: turn thread pinning off, unless asked: the loader compiles on a second thread.
 
     With OpenVINO's default pinning, a compile or import on the loader's thread while
-    the decode thread infers leaves decoding pinned badly for the rest of the run: 35%
-    slower decode on 2 cores, measured (docs/benchmarks/bench.md). Pinning cannot
+    the decode thread infers leaves decoding pinned badly for the rest of the run: a
+    third slower decode on 2 cores, measured (docs/benchmarks/bench.md). Pinning cannot
     change a blob (tests/test_devices.py), so keys and stored blobs are unaffected.
+    ``policy`` is kept for callers; every policy now compiles on the worker at start.
     """
+    del policy
     props = dict(properties)
-    if (
-        policy is Policy.ONE_AHEAD
-        and device_family(device) == "CPU"
-        and "ENABLE_CPU_PINNING" not in props
-    ):
+    if device_family(device) == "CPU" and "ENABLE_CPU_PINNING" not in props:
         props["ENABLE_CPU_PINNING"] = "NO"
     return props
 

@@ -87,11 +87,11 @@ def test_a_request_over_the_top_rung_is_refused(qwen2_dir: Path, store: Store) -
         decode(loader, list(range(30)), max_new_tokens=10)
 
 
-def test_cpu_pinning_is_off_only_when_compiles_run_beside_decoding() -> None:
+def test_cpu_pinning_is_off_unless_asked() -> None:
     from ovspec.runtime import background_safe_properties
 
     assert background_safe_properties("CPU", Policy.ONE_AHEAD, {}) == {"ENABLE_CPU_PINNING": "NO"}
+    assert background_safe_properties("CPU", Policy.EAGER, {}) == {"ENABLE_CPU_PINNING": "NO"}
     asked = {"ENABLE_CPU_PINNING": "YES"}
     assert background_safe_properties("CPU", Policy.ONE_AHEAD, asked) == asked
-    assert background_safe_properties("CPU", Policy.EAGER, {}) == {}
     assert background_safe_properties("NPU", Policy.ONE_AHEAD, {}) == {}
