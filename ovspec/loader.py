@@ -45,6 +45,7 @@ class EventKind(Enum):
     FAILED = "failed"
     WAIT = "wait"  # get() blocked on a background load
     EARLY_START = "early_start"  # the plan queued a rung before its one-ahead turn
+    RELEASED = "released"  # a graph the sequence has passed was dropped
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,19 @@ class Loader:
             if spec in self._programs or spec in self._pending:
                 return
             self._pending[spec] = self._worker.submit(self._load, spec, foreground)
+
+    def release(self, spec: Specialization | int) -> None:
+        """Drop a loaded graph nobody needs any more (a rung a sequence has left).
+
+        A compiled model holds its own copy of the weights (about the ``.bin`` size on
+        CPU), so a ladder that kept every rung would hold the weights once per rung.
+        A later ``get`` imports it again from the store.
+        """
+        spec = _as_spec(spec)
+        with self._lock:
+            if self._programs.pop(spec, None) is not None:
+                self._pending.pop(spec, None)
+        self._record(EventKind.RELEASED, spec, foreground=True)
 
     def disable_warm_up(self) -> None:
         """Stop warming programs with dense inputs (for shared-max KV views).

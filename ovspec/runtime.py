@@ -127,11 +127,15 @@ def decode(
     stop_ids: frozenset[int] = frozenset(),
     keep_logits: Callable[[int, int], bool] | None = None,
     on_token: Callable[[int], None] | None = None,
+    release_passed_rungs: bool = True,
 ) -> DecodeResult:
     """Greedy decoding (``max_new_tokens``) or teacher forcing (``forced_ids``).
 
     ``keep_logits(step, live_tokens)`` chooses which steps' logits to return (step 0
-    is the prompt's last position); ``on_token`` streams generated ids.
+    is the prompt's last position); ``on_token`` streams generated ids. With
+    ``release_passed_rungs`` the loader drops the graphs of rungs the sequence has left
+    (and the prefill graph once the prompt is in): a rung's compiled model holds its
+    own copy of the weights. Keep them when the loader serves more sequences.
     """
     if not prompt_ids:
         raise BadRequestError("the prompt is empty; give at least one token id")
@@ -153,7 +157,9 @@ def decode(
     ready_s = time.perf_counter() - origin
     kv = make_kv(kv_layout, roles, first, ladder.top_tokens)
     chunk = loader.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
-    session = DecodeSession(roles, ladder, kv, loader, chunk, origin_s=origin)
+    session = DecodeSession(
+        roles, ladder, kv, loader, chunk, origin_s=origin, release_passed=release_passed_rungs
+    )
     kept: dict[int, np.ndarray] = {}
     reserved: list[tuple[int, int]] = []
     try:

@@ -23,9 +23,12 @@ from ovspec.specialize import Specialization
 
 
 class Programs(Protocol):
-    """Where compiled graphs come from. ``get`` may block; it reports its wait."""
+    """Where compiled graphs come from. ``get`` may block; it reports its wait.
+    ``release`` says this sequence is done with a graph (it may be dropped)."""
 
     def get(self, spec: Specialization) -> ov.CompiledModel: ...
+
+    def release(self, spec: Specialization) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class DecodeSession:
         programs: Programs,
         prefill_chunk_tokens: int,
         origin_s: float | None = None,
+        release_passed: bool = False,
     ) -> None:
         self.roles = roles
         self.ladder = ladder
@@ -97,6 +101,8 @@ class DecodeSession:
         self.programs = programs
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.origin_s = time.perf_counter() if origin_s is None else origin_s
+        # A sequence never returns to a smaller rung: its graphs can go once passed.
+        self.release_passed = release_passed
         self.steps: list[StepRecord] = []
         self.boundaries: list[BoundaryRecord] = []
         self._decode: _Bound | None = None
@@ -137,6 +143,9 @@ class DecodeSession:
             )
             self.kv.write(self._presents(bound), n)
             logits = np.array(bound.output(self.roles.logits)[0, n - 1], copy=True)
+        del bound  # the request goes before its graph may be released
+        if self.release_passed:
+            self.programs.release(spec)
         return logits
 
     def step(self, token_id: int) -> np.ndarray:
@@ -196,6 +205,7 @@ class DecodeSession:
     def _migrate(self, capacity_tokens: int) -> None:
         at = self.kv.live_tokens
         crossed = time.perf_counter()
+        passed = self._decode.spec if self._decode is not None else None
         self._decode = None
         migration = self.kv.grow(capacity_tokens)
         began = time.perf_counter()
@@ -203,6 +213,8 @@ class DecodeSession:
         waited = time.perf_counter() - began
         began = time.perf_counter()
         self._decode = _Bound(compiled, self.roles, Specialization.decode(capacity_tokens), self.kv)
+        if passed is not None and self.release_passed:
+            self.programs.release(passed)
         self.boundaries.append(
             BoundaryRecord(
                 at, crossed - self.origin_s, migration, waited, time.perf_counter() - began

@@ -13,6 +13,7 @@ from ovspec.errors import BadRequestError
 from ovspec.kv import KVLayout
 from ovspec.loader import EventKind, Policy
 from ovspec.runtime import decode
+from ovspec.specialize import Specialization
 from ovspec.stateful import EXACT_CPU_PROPERTIES, StatefulRunner
 from ovspec.store import Store
 
@@ -95,3 +96,22 @@ def test_cpu_pinning_is_off_unless_asked() -> None:
     asked = {"ENABLE_CPU_PINNING": "YES"}
     assert background_safe_properties("CPU", Policy.ONE_AHEAD, asked) == asked
     assert background_safe_properties("NPU", Policy.ONE_AHEAD, {}) == {}
+
+
+def test_a_sequence_releases_the_rungs_it_has_left(qwen2_dir: Path, store: Store) -> None:
+    with ovspec.open(
+        qwen2_dir,
+        ladder="32,64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        policy="eager",
+        prefill_chunk_tokens=8,
+    ) as loader:
+        result = decode(loader, list(range(5, 21)), max_new_tokens=40)
+        released = [e.spec for e in result.events if e.kind is EventKind.RELEASED]
+        assert released == ["prefill@32x8", "decode@32"]
+        assert loader.program(Specialization.decode(32)) is None
+        assert loader.program(Specialization.decode(64)) is not None  # the current rung
+        kept = decode(loader, list(range(5, 21)), max_new_tokens=40, release_passed_rungs=False)
+        assert kept.token_ids == result.token_ids  # re-imported from the store
+        assert loader.program(Specialization.decode(32)) is not None
