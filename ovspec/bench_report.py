@@ -110,8 +110,9 @@ def _variant_text(result: BenchResult, variant: str) -> list[str]:
         fg = medians(i2, "foreground_s")
         first = medians(i2, "first_rung_compile_s")
         lines.append(
-            f"I2 foreground {fg:.3f} s = {fg / first:.2f} x its first rung's compile + import "
-            f"({first:.3f} s); the rest is reading and preparing the model"
+            f"I2 foreground {fg:.3f} s = {fg / first:.2f} x the compile + import of its first "
+            f"rung's graphs, summed ({first:.3f} s): they load side by side, and reading and "
+            "preparing the model adds to the wall"
             if first > 0
             else f"I2 foreground {fg:.3f} s (no compile: every graph came from the store)"
         )
@@ -278,6 +279,7 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
                         {
                             "at_live_tokens": b.at_live_tokens,
                             "peak_reserved_bytes": b.peak_reserved_bytes,
+                            "allocated_bytes": b.allocated_bytes,
                         }
                         for b in first.figures.boundaries
                     ],

@@ -258,7 +258,7 @@ class Plan:
     costs: RungCosts
     early_start: bool
     rule: EarlyStartRule
-    foreground_s: float  # until the first rung's programs are ready (prefill + decode)
+    foreground_s: float  # until the first rung's programs are ready (built side by side)
     finished_s: float  # the last token
     boundaries: tuple[BoundaryPlan, ...]
     compiles: tuple[ScheduledCompile, ...]  # every successor compile queued, in order
@@ -455,7 +455,10 @@ def plan_one_ahead(
     windows = rung_windows(ladder, prompt_tokens, costs)
     active_rule = rule if early_start else None
     first = used[0]
-    foreground_s = costs.prefill_compile_s + costs.compile_s[first]
+    # The loader builds the first rung's prefill and decode graphs side by side (one on
+    # its worker): a compile keeps about one core busy, so on two or more cores the
+    # foreground is the longer of the two.
+    foreground_s = max(costs.prefill_compile_s, costs.compile_s[first])
 
     scheduled: dict[int, ScheduledCompile] = {}
     worker_free_s = foreground_s

@@ -64,7 +64,7 @@ def timeline(runs: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> P
                 color=DECODE_COLOR,
                 alpha=0.55 if prefill else 0.9,
             )
-            if end - start > 0:
+            if not prefill:
                 ax.text(start, 2.0, f"{capacity}", fontsize=7, va="bottom")
         for start, end, _spec, foreground in _compile_spans(data["events"]):
             ax.broken_barh(
@@ -107,25 +107,33 @@ def timeline(runs: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> P
 
 def kv_over_tokens(runs: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> Path:
     """Reserved KV MiB against live tokens, one line per protocol."""
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for name, data in runs.items():
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    # Protocols that reserve alike draw on top of each other: vary the dash.
+    styles = ["-", "--", "-.", ":"]
+    for index, (name, data) in enumerate(runs.items()):
         pairs = data["reserved_kv"]
         tokens = [p[0] for p in pairs]
         mib = [p[1] / 2**20 for p in pairs]
-        ax.step(tokens, mib, where="post", label=name, lw=1.6)
-        for boundary in data.get("migrations", []):
-            ax.plot(
-                [boundary["at_live_tokens"]],
-                [boundary["peak_reserved_bytes"] / 2**20],
-                marker="^",
-                color="black",
-                ms=5,
-            )
+        (line,) = ax.step(
+            tokens, mib, where="post", label=name, lw=1.8, ls=styles[index % len(styles)]
+        )
+        # Copying migrations only: a shared-max "migration" allocates nothing.
+        peaks = [m for m in data.get("migrations", []) if m["allocated_bytes"] > 0]
+        ax.plot(
+            [m["at_live_tokens"] for m in peaks],
+            [m["peak_reserved_bytes"] / 2**20 for m in peaks],
+            marker="^",
+            ls="none",
+            color=line.get_color(),
+            ms=5,
+        )
     ax.set_xlabel("live tokens")
     ax.set_ylabel("reserved KV (MiB)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(title="protocol (▲ migration peak)")
+    ax.legend(
+        title="▲ old + new buffers\n    while copying", loc="upper left", bbox_to_anchor=(1.01, 1.0)
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

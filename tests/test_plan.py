@@ -206,9 +206,10 @@ def test_prefill_runs_inside_the_first_window_and_its_graph_in_the_foreground() 
     )
     plan = plan_one_ahead(Ladder((K, 2 * K)), 128, 2 * K - 128, costs)
     (b,) = plan.boundaries
-    assert plan.foreground_s == 7.0
-    assert b.start_s == 7.0 and math.isclose(b.window_s, 0.5 + 8.96)
-    assert math.isclose(b.boundary_s, 7.0 + 9.46)
+    # Prefill (2 s) and decode (5 s) graphs are built side by side: 5 s in front.
+    assert plan.foreground_s == 5.0
+    assert b.start_s == 5.0 and math.isclose(b.window_s, 0.5 + 8.96)
+    assert math.isclose(b.boundary_s, 5.0 + 9.46)
 
 
 def test_a_request_inside_the_first_rung_has_no_boundary() -> None:

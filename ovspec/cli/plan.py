@@ -387,7 +387,7 @@ def _echo_text(
     click.echo("")
     click.echo(
         f"foreground compile {shown.foreground_s:.3f} s ({prefill_note}; "
-        f"decode@{first} {costs.compile_s[first]:.3f} s)"
+        f"decode@{first} {costs.compile_s[first]:.3f} s; built side by side)"
     )
     speculative = ", ".join(str(c.capacity_tokens) for c in shown.speculative)
     click.echo(
