@@ -32,9 +32,9 @@ from typing import Any
 
 import click
 
-from ovspec.cli.options import KEY_VALUE, LADDER
+from ovspec.cli.options import chunk_option, device_options, ladder_option
 from ovspec.errors import BadRequestError, OvspecError
-from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
+from ovspec.ladder import Ladder
 
 # History: 1 — first format (2026-11).
 REPORT_FORMAT_VERSION = 1
@@ -853,35 +853,15 @@ def format_report(r: BenchReport) -> str:
     show_default=True,
     help="Where built-in models are written and reused between runs.",
 )
-@click.option(
-    "--ladder",
-    type=LADDER,
-    default=",".join(map(str, DEFAULT_LADDER_TOKENS)),
-    show_default=True,
-    help="KV capacities in tokens, smallest first (K = x1024).",
-)
+@ladder_option
 @click.option(
     "--phases",
     default="decode,prefill",
     show_default=True,
     help="Which graphs per rung: decode, prefill, or both.",
 )
-@click.option(
-    "--chunk",
-    "chunk_tokens",
-    type=click.IntRange(min=1),
-    default=128,
-    show_default=True,
-    help="Prefill chunk in tokens.",
-)
-@click.option("--device", default="CPU", show_default=True, help="OpenVINO device.")
-@click.option(
-    "--config",
-    "config",
-    type=KEY_VALUE,
-    multiple=True,
-    help="OpenVINO compile property, repeatable (e.g. --config INFERENCE_PRECISION_HINT=f32).",
-)
+@chunk_option
+@device_options
 @click.option(
     "--repeats",
     type=click.IntRange(min=1),

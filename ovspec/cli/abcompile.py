@@ -9,7 +9,14 @@ from pathlib import Path
 import click
 
 from ovspec.cli import cli
-from ovspec.cli.options import KEY_VALUE, LADDER, cache_dir_option, emit_json, json_option
+from ovspec.cli.options import (
+    KEY_VALUE,
+    LADDER,
+    cache_dir_option,
+    chunk_option,
+    emit_json,
+    json_option,
+)
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
@@ -83,14 +90,7 @@ def _arm_options(letter: str) -> Callable[[Callable[..., object]], Callable[...,
     show_default=True,
     help="Which graph of each rung to compile.",
 )
-@click.option(
-    "--chunk",
-    "chunk_tokens",
-    type=click.IntRange(min=1),
-    default=128,
-    show_default=True,
-    help="Prefill chunk in tokens (shrunk to the rung on small rungs).",
-)
+@chunk_option
 @click.option("--device", default="CPU", show_default=True, help="OpenVINO device.")
 @click.option(
     "--config",
