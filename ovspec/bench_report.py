@@ -21,6 +21,7 @@ from ovspec.bench import (
     paired_vs_control,
 )
 from ovspec.figures import median
+from ovspec.host import cpu_model
 from ovspec.protocols import CONTROL, SETUPS, Protocol
 from ovspec.stats import PairedSummary
 
@@ -30,14 +31,7 @@ MIB = 2**20
 def environment() -> dict[str, str]:
     import openvino as ov
 
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     return {
         "host": platform.node(),
         "cpu": cpu,

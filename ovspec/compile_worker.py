@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ovspec.errors import BadRequestError, CompileError, DeviceError, ModelError, OvspecError
+from ovspec.host import cpu_model
 
 WORKER_MODULE = "ovspec.compile_worker"
 
@@ -105,16 +106,6 @@ def loaded_libraries(maps: Path = Path("/proc/self/maps")) -> dict[str, str]:
         except OSError:
             out[path] = "unreadable"  # deleted or replaced while mapped: a difference
     return out
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _rusage_s() -> tuple[float, float]:
@@ -203,7 +194,7 @@ def run(request: WorkerRequest) -> dict[str, Any]:
         "python": sys.executable,
         "python_version": platform.python_version(),
         "host": socket.gethostname(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "kernel": platform.release(),
     }
     return {

@@ -34,6 +34,7 @@ import click
 
 from ovspec.cli.options import chunk_option, device_options, ladder_option
 from ovspec.errors import BadRequestError, OvspecError
+from ovspec.host import cpu_model
 from ovspec.ladder import Ladder
 
 # History: 1 — first format (2026-11).
@@ -208,16 +209,6 @@ class BenchReport:
 # --------------------------------------------------------------------------- environment
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _git_commit() -> str:
     repo = Path(__file__).resolve().parent.parent
     try:
@@ -256,7 +247,7 @@ def _environment(load_start: tuple[float, float, float]) -> Environment:
         usable = os.cpu_count() or 0
     return Environment(
         date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        cpu_model=_cpu_model(),
+        cpu_model=cpu_model(),
         logical_cores=os.cpu_count() or 0,
         usable_cores=usable,
         memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
