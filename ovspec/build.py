@@ -24,8 +24,6 @@ from ovspec.session import prefill_specialization
 from ovspec.specialize import DynamicLLM, Phase, Specialization
 from ovspec.store import Store
 
-DEFAULT_PREFILL_CHUNK_TOKENS = 128
-
 
 @dataclass(frozen=True)
 class BuildPlan:

@@ -8,6 +8,7 @@ KV (time-weighted and peak). The names are the seed's (DESIGN.md §3).
 from __future__ import annotations
 
 import itertools
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -214,9 +215,5 @@ def time_weighted_reserved(result: DecodeResult) -> float:
 
 
 def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        return float("nan")
-    mid = n // 2
-    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+    """The median, NaN for no values (a band a protocol never decoded in)."""
+    return statistics.median(values) if values else float("nan")

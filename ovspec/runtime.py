@@ -50,7 +50,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     """
     ladder = Ladder.parse(ladder) if isinstance(ladder, str) else ladder
     policy = Policy(policy) if isinstance(policy, str) else policy
-    properties = background_safe_properties(device, policy, properties or {})
+    properties = loader_properties(device, properties or {})
     compression = Compression.parse(compression) if isinstance(compression, str) else compression
     owns_store = not isinstance(store, Store)
     opened = store if isinstance(store, Store) else Store(store or Store.default_root())
@@ -83,18 +83,14 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     )
 
 
-def background_safe_properties(
-    device: str, policy: Policy, properties: Mapping[str, str]
-) -> dict[str, str]:
+def loader_properties(device: str, properties: Mapping[str, str]) -> dict[str, str]:
     """CPU: turn thread pinning off, unless asked: the loader compiles on a second thread.
 
     With OpenVINO's default pinning, a compile or import on the loader's thread while
     the decode thread infers leaves decoding pinned badly for the rest of the run: a
     third slower decode on 2 cores, measured (docs/benchmarks/bench.md). Pinning cannot
     change a blob (tests/test_devices.py), so keys and stored blobs are unaffected.
-    ``policy`` is kept for callers; every policy now compiles on the worker at start.
     """
-    del policy
     props = dict(properties)
     if device_family(device) == "CPU" and "ENABLE_CPU_PINNING" not in props:
         props["ENABLE_CPU_PINNING"] = "NO"

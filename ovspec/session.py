@@ -172,21 +172,6 @@ class DecodeSession:
         bound.mask[0, t] = 1
         return np.array(bound.output(self.roles.logits)[0, 0], copy=True)
 
-    def generate_greedy(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: frozenset[int] = frozenset()
-    ) -> list[int]:
-        logits = self.prefill(prompt_ids)
-        out: list[int] = []
-        for _ in range(max_new_tokens):
-            token = int(np.argmax(logits))
-            out.append(token)
-            if token in stop_ids or len(out) == max_new_tokens:
-                break
-            if self.kv.live_tokens + 1 > self.ladder.top_tokens:
-                break
-            logits = self.step(token)
-        return out
-
     def close(self) -> None:
         # Requests go before the KV arrays they point into.
         self._decode = None

@@ -89,13 +89,12 @@ def test_a_request_over_the_top_rung_is_refused(qwen2_dir: Path, store: Store) -
 
 
 def test_cpu_pinning_is_off_unless_asked() -> None:
-    from ovspec.runtime import background_safe_properties
+    from ovspec.runtime import loader_properties
 
-    assert background_safe_properties("CPU", Policy.ONE_AHEAD, {}) == {"ENABLE_CPU_PINNING": "NO"}
-    assert background_safe_properties("CPU", Policy.EAGER, {}) == {"ENABLE_CPU_PINNING": "NO"}
+    assert loader_properties("CPU", {}) == {"ENABLE_CPU_PINNING": "NO"}
     asked = {"ENABLE_CPU_PINNING": "YES"}
-    assert background_safe_properties("CPU", Policy.ONE_AHEAD, asked) == asked
-    assert background_safe_properties("NPU", Policy.ONE_AHEAD, {}) == {}
+    assert loader_properties("CPU", asked) == asked
+    assert loader_properties("NPU", {}) == {}
 
 
 def test_a_sequence_releases_the_rungs_it_has_left(qwen2_dir: Path, store: Store) -> None:
