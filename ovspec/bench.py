@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ovspec.bench_worker import RunRequest
 from ovspec.design import williams_orders
 from ovspec.errors import BadRequestError, OvspecError, TrialError
 from ovspec.figures import RunFigures, band_edges, median
@@ -171,24 +172,24 @@ def _run_one(
     forced: list[int],
 ) -> RunOutcome:
     stem = config.work_dir / f"{variant}-r{repetition}-{protocol.value}"
-    request = {
-        "model_dir": str(config.model.root),
-        "ladder": str(config.ladder),
-        "protocol": protocol.value,
-        "variant": variant,
-        "repetition": repetition,
-        "prompt_ids": prompt,
-        "forced_ids": forced,
-        "logit_positions": list(config.logit_positions),
-        "device": config.device,
-        "properties": config.properties,
-        "store_dir": str(store),
-        "prefill_chunk_tokens": config.prefill_chunk_tokens,
-        "out_json": str(stem.with_suffix(".json")),
-        "out_logits": str(stem.with_suffix(".npz")),
-    }
+    request = RunRequest(
+        model_dir=str(config.model.root),
+        ladder=str(config.ladder),
+        protocol=protocol.value,
+        variant=variant,
+        repetition=repetition,
+        prompt_ids=tuple(prompt),
+        forced_ids=tuple(forced),
+        logit_positions=config.logit_positions,
+        device=config.device,
+        properties=config.properties,
+        store_dir=str(store),
+        prefill_chunk_tokens=config.prefill_chunk_tokens,
+        out_json=str(stem.with_suffix(".json")),
+        out_logits=str(stem.with_suffix(".npz")),
+    )
     request_path = stem.with_suffix(".request.json")
-    request_path.write_text(json.dumps(request))
+    request_path.write_text(json.dumps(request.to_json()))
     worker(request_path)
     document = json.loads(stem.with_suffix(".json").read_text())
     if "error" in document:

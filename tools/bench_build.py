@@ -32,7 +32,7 @@ from typing import Any
 
 import click
 
-from ovspec.cli.options import chunk_option, device_options, ladder_option
+from ovspec.cli.options import chunk_option, device_options, ladder_option, phases_option
 from ovspec.errors import BadRequestError, OvspecError
 from ovspec.host import cpu_model
 from ovspec.ladder import Ladder
@@ -845,12 +845,7 @@ def format_report(r: BenchReport) -> str:
     help="Where built-in models are written and reused between runs.",
 )
 @ladder_option
-@click.option(
-    "--phases",
-    default="decode,prefill",
-    show_default=True,
-    help="Which graphs per rung: decode, prefill, or both.",
-)
+@phases_option
 @chunk_option
 @device_options
 @click.option(

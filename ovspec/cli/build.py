@@ -16,6 +16,7 @@ from ovspec.cli.options import (
     emit_json,
     json_option,
     ladder_option,
+    phases_option,
     progress,
 )
 from ovspec.compression import Compression
@@ -25,12 +26,7 @@ from ovspec.ladder import Ladder
 @cli.command()
 @click.argument("model")
 @ladder_option
-@click.option(
-    "--phases",
-    default="decode,prefill",
-    show_default=True,
-    help="Which graphs per rung: decode, prefill, or both.",
-)
+@phases_option
 @chunk_option
 @device_options
 @compress_option

@@ -93,6 +93,15 @@ def ladder_option(func: F) -> F:
     )(func)
 
 
+def phases_option(func: F) -> F:
+    return click.option(
+        "--phases",
+        default="decode,prefill",
+        show_default=True,
+        help="Which graphs per rung: decode, prefill, or both.",
+    )(func)
+
+
 def chunk_option(func: F) -> F:
     return click.option(
         "--chunk",
