@@ -46,6 +46,10 @@ class KeyComponent:
             raise ValueError(f"bad key component name {self.name!r}")
         if "\n" in self.value:
             raise ValueError(f"key component {self.name} has a newline in its value")
+        try:
+            self.value.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate cannot be hashed as UTF-8
+            raise ValueError(f"key component {self.name} is not valid text: {exc}") from None
 
 
 @dataclass(frozen=True)

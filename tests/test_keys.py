@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from ovspec.keys import COMPONENT_NAMES, BlobKey, canonical_mapping, explain
 
-VALUE = st.text(st.characters(blacklist_characters="\n"), max_size=20)
+# Key values are text OpenVINO and ovspec produce: no newlines, no lone surrogates.
+VALUE = st.text(st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=20)
 
 
 def values(**overrides: str) -> dict[str, str]:
@@ -66,3 +67,8 @@ def test_canonical_mapping_ignores_order(mapping: dict[str, str]) -> None:
     items = list(mapping.items())
     assert canonical_mapping(items) == canonical_mapping(reversed(items))
     assert "\n" not in canonical_mapping(items)
+
+
+def test_a_value_that_is_not_utf8_text_is_refused() -> None:
+    with pytest.raises(ValueError, match="not valid text"):
+        BlobKey.from_values(values(device="\ud800"))
