@@ -7,7 +7,7 @@ compile properties can change a blob (the rest are left out of the key on purpos
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import openvino as ov
@@ -145,6 +145,42 @@ def key_properties(device: str, properties: Mapping[str, str]) -> str:
     """The compile properties that can change a blob on ``device``, canonicalized."""
     neutral = blob_neutral_properties(device)
     return canonical_mapping((k, v) for k, v in properties.items() if k.upper() not in neutral)
+
+
+# OPTIMIZATION_CAPABILITIES names -> INFERENCE_PRECISION_HINT values, in the order a
+# positive control prefers them.
+_LOWER_PRECISIONS: tuple[tuple[str, str], ...] = (("BF16", "bf16"), ("FP16", "f16"))
+
+
+def choose_blob_control(capabilities: Sequence[str], default_precision: str) -> tuple[str, str]:
+    """A compile property (name, value) that changes the exported blob, from what a
+    device reports: its optimization capabilities and its current precision hint.
+
+    A precision other than the default changes the compiled graph; a device that offers
+    none (an AVX2-only CPU runs f32 and nothing else) gets ``CACHE_MODE=OPTIMIZE_SIZE``,
+    which leaves the weights out of the blob on every device that exports weightless.
+    """
+    if default_precision.lower() not in ("f32", ""):
+        return ("INFERENCE_PRECISION_HINT", "f32")
+    for capability, hint in _LOWER_PRECISIONS:
+        if capability in capabilities:
+            return ("INFERENCE_PRECISION_HINT", hint)
+    return ("CACHE_MODE", "OPTIMIZE_SIZE")
+
+
+def blob_control(core: ov.Core, device: str) -> tuple[str, str]:
+    """``choose_blob_control`` for ``device`` as this machine reports it: the positive
+    control of blob-identity checks (a test that proves a difference is detectable)."""
+    supported = set(core.get_property(device, "SUPPORTED_PROPERTIES"))
+    capabilities: list[str] = []
+    if "OPTIMIZATION_CAPABILITIES" in supported:
+        capabilities = [str(c) for c in core.get_property(device, "OPTIMIZATION_CAPABILITIES")]
+    default = ""
+    if "INFERENCE_PRECISION_HINT" in supported:
+        value = core.get_property(device, "INFERENCE_PRECISION_HINT")
+        # An ov.Type on CPU ("f32"), plain text elsewhere.
+        default = value.get_type_name() if hasattr(value, "get_type_name") else str(value)
+    return choose_blob_control(capabilities, default)
 
 
 def compiler_version(core: ov.Core, facts: DeviceFacts) -> str:

@@ -11,7 +11,13 @@ from pathlib import Path
 import openvino as ov
 import pytest
 
-from ovspec.devices import blob_neutral_properties, key_properties, resolve_device
+from ovspec.devices import (
+    blob_control,
+    blob_neutral_properties,
+    choose_blob_control,
+    key_properties,
+    resolve_device,
+)
 from ovspec.errors import DeviceError
 
 # Exports in one process embed per-process node-name counters, so each variant
@@ -58,19 +64,49 @@ def test_properties_left_out_of_cpu_keys_do_not_change_the_blob(
     assert set(NEUTRAL_VARIANTS) == blob_neutral_properties("CPU")
     xml = qwen2_dir / "openvino_model.xml"
     variants = {k: {k: v.format(tmp=tmp_path)} for k, v in NEUTRAL_VARIANTS.items()}
-    # The control: a property that changes the blob must show as a change.
-    variants["control:INFERENCE_PRECISION_HINT"] = {"INFERENCE_PRECISION_HINT": "f32"}
+    # The control: a property that changes the blob on this CPU (chosen from what the
+    # device reports, so an AVX2-only CPU that already runs f32 gets one too).
+    control_name, control_value = blob_control(ov.Core(), "CPU")
+    variants["control"] = {control_name: control_value}
     with ThreadPoolExecutor(max_workers=2) as pool:
         baseline = pool.submit(export_digest, xml, {})
         futures = {name: pool.submit(export_digest, xml, p) for name, p in variants.items()}
         digests = {name: f.result() for name, f in futures.items()}
-    control = digests.pop("control:INFERENCE_PRECISION_HINT")
-    assert control != baseline.result(), "the control shows blob differences are detectable"
+    control = digests.pop("control")
+    assert control != baseline.result(), (
+        f"the control {control_name}={control_value} shows blob differences are detectable"
+    )
     assert digests == dict.fromkeys(digests, baseline.result())
     # ...and the key agrees: neutral properties leave it unchanged, the control does not.
     for props in variants.values():
         changed = key_properties("CPU", props) != key_properties("CPU", {})
-        assert changed == ("INFERENCE_PRECISION_HINT" in props)
+        assert changed == (control_name in props)
+
+
+@pytest.mark.parametrize(
+    ("capabilities", "default", "expected"),
+    [
+        # AVX2-only: f32 is all there is, so the control changes what the blob holds.
+        (["FP32", "INT8", "BIN", "EXPORT_IMPORT"], "f32", ("CACHE_MODE", "OPTIMIZE_SIZE")),
+        # AVX-512 with bf16 hardware (or AMX): bf16 by default; f32 changes the graph.
+        (
+            ["FP32", "BF16", "INT8", "BIN", "EXPORT_IMPORT"],
+            "bf16",
+            ("INFERENCE_PRECISION_HINT", "f32"),
+        ),
+        # AMX-FP16 / ARM with f16 by default.
+        (["FP32", "FP16", "INT8", "EXPORT_IMPORT"], "f16", ("INFERENCE_PRECISION_HINT", "f32")),
+        # bf16 offered but f32 chosen (EXECUTION_MODE_HINT=ACCURACY, or a user default).
+        (["FP32", "BF16"], "f32", ("INFERENCE_PRECISION_HINT", "bf16")),
+        (["FP32", "FP16"], "f32", ("INFERENCE_PRECISION_HINT", "f16")),
+        # A device that reports nothing (NPU offline).
+        ([], "", ("CACHE_MODE", "OPTIMIZE_SIZE")),
+    ],
+)
+def test_blob_control_follows_what_the_device_reports(
+    capabilities: list[str], default: str, expected: tuple[str, str]
+) -> None:
+    assert choose_blob_control(capabilities, default) == expected
 
 
 def test_key_properties_are_canonical() -> None:

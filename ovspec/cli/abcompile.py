@@ -173,7 +173,7 @@ def ab_compile(
     Arms differ by interpreter (--a-python/--b-python: a venv with another openvino),
     Python or library folders, environment variables, or compile properties:
       ovspec ab-compile builtin:small --rungs 128,256 --pairs 5 \\
-          --b-config INFERENCE_PRECISION_HINT=f32
+          --b-config SNIPPETS_MODE=DISABLE
       ovspec ab-compile MODEL --a-python /opt/ov-stock/bin/python \\
           --b-python /opt/ov-patched/bin/python --device NPU --config NPU_PLATFORM=4000
     """
