@@ -13,7 +13,7 @@ def __getattr__(name: str) -> object:
     # ovspec.open loads OpenVINO; importing ovspec alone (keys, stats, the CLI's
     # --help) must not.
     if name == "open":
-        from ovspec.runtime import open as open_loader
+        from ovspec.runtime.decoding import open as open_loader
 
         return open_loader
     raise AttributeError(f"module 'ovspec' has no attribute {name!r}")

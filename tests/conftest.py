@@ -10,9 +10,9 @@ from pathlib import Path
 import openvino as ov
 import pytest
 
-from ovspec.specialize import DynamicLLM, Specialization, prepare, read_ir
-from ovspec.stateful import EXACT_CPU_PROPERTIES
-from ovspec.store import Store
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir
+from ovspec.store.local import Store
 
 DATA = Path(__file__).parent / "data"
 FIXTURE_NAMES = ("qwen2", "llama")
@@ -49,7 +49,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in tiny Qwen2 model, written once per test session."""
-    from ovspec.testing import PRESETS, write_model
+    from ovspec.testing.qwen2 import PRESETS, write_model
 
     return write_model(PRESETS["tiny"], tmp_path_factory.mktemp("models") / "tiny")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ovspec.arms import ArmSpec, load_arms, make_arm
-from ovspec.design import Arm
 from ovspec.errors import BadRequestError
+from ovspec.stats.orders import Arm
+from ovspec.trials.arms import ArmSpec, load_arms, make_arm
 
 
 def write(path: Path, text: str) -> Path:

@@ -9,20 +9,20 @@ import pytest
 from click.testing import CliRunner
 
 import ovspec.cli.commands  # noqa: F401
-from ovspec.bench import (
+from ovspec.bench.protocols import Protocol
+from ovspec.bench.report import environment, render_text, to_json, write_plots
+from ovspec.bench.runner import (
     BenchConfig,
     band_comparison,
     boundary_agreement,
     paired_vs_control,
     run_bench,
 )
-from ovspec.bench_report import environment, render_text, to_json, write_plots
 from ovspec.cli import cli
 from ovspec.errors import BadRequestError
+from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder
-from ovspec.model_dir import ModelDir
-from ovspec.protocols import Protocol
-from ovspec.stateful import EXACT_CPU_PROPERTIES
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.cli import cli
-from ovspec.store import Store
+from ovspec.store.local import Store
 
 
 def run(*args: str) -> Result:

@@ -12,8 +12,8 @@ from click.testing import CliRunner, Result
 
 import ovspec.cli.commands  # noqa: F401 - registers the command modules
 from ovspec.cli import cli
-from ovspec.keys import COMPONENT_NAMES, BlobKey
-from ovspec.store import ProducedBlob, Store
+from ovspec.store.keys import COMPONENT_NAMES, BlobKey
+from ovspec.store.local import ProducedBlob, Store
 
 SUBCOMMANDS = ["ls", "stats", "check", "gc", "clear", "explain"]
 

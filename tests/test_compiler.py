@@ -10,17 +10,17 @@ import openvino as ov
 import pytest
 from conftest import load_llm
 
-from ovspec.compiler import BlobMode, Compiler, _FileSink
-from ovspec.compression import Compression
-from ovspec.fingerprint import DigestMemo
-from ovspec.keys import explain
-from ovspec.kv import CopyAndGrowKV
+from ovspec.compile.compiler import BlobMode, Compiler, _FileSink
+from ovspec.ir.compression import Compression
+from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
+from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
-from ovspec.model_dir import ModelDir
-from ovspec.session import DecodeSession
-from ovspec.specialize import Specialization
-from ovspec.stateful import EXACT_CPU_PROPERTIES, StatefulRunner
-from ovspec.store import Store
+from ovspec.runtime.kv import CopyAndGrowKV
+from ovspec.runtime.session import DecodeSession
+from ovspec.store.digests import DigestMemo
+from ovspec.store.keys import explain
+from ovspec.store.local import Store
 
 
 class CompilerPrograms:

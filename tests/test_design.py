@@ -1,4 +1,4 @@
-"""Tests for ovspec.design: AB/BA alternation and Williams-square balance."""
+"""Tests for ovspec.stats.orders: AB/BA alternation and Williams-square balance."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ovspec.design import Arm, ab_orders, williams_design, williams_orders, williams_square
 from ovspec.errors import BadRequestError
+from ovspec.stats.orders import Arm, ab_orders, williams_design, williams_orders, williams_square
 
 PROPS = settings(max_examples=50, deadline=None)
 seeds = st.integers(min_value=0, max_value=2**63 - 1)

@@ -11,7 +11,7 @@ from pathlib import Path
 import openvino as ov
 import pytest
 
-from ovspec.devices import (
+from ovspec.compile.devices import (
     blob_control,
     blob_neutral_properties,
     choose_blob_control,
@@ -24,7 +24,7 @@ from ovspec.errors import DeviceError
 # compiles in a fresh interpreter, where CPU exports are byte-deterministic.
 EXPORT_SCRIPT = """
 import json, sys, xxhash, openvino as ov
-from ovspec.specialize import Specialization, prepare, read_ir
+from ovspec.ir.specialize import Specialization, prepare, read_ir
 llm = prepare(read_ir(sys.argv[1]))
 props = json.loads(sys.argv[2])
 compiled = ov.Core().compile_model(llm.specialize(Specialization.decode(32)), "CPU", props)

@@ -22,12 +22,12 @@ import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.cli import cli
 from ovspec.cli.generate import KV_LAYOUT_CHOICES, POLICY_CHOICES
 from ovspec.errors import BadRequestError, ModelError
-from ovspec.kv import KVLayout
-from ovspec.loader import EventKind, Policy
-from ovspec.model_dir import ModelDir
-from ovspec.stateful import EXACT_CPU_PROPERTIES, StatefulRunner
-from ovspec.store import Store
-from ovspec.textcodec import REPLACEMENT_CHAR, TextCodec, TextStream, eos_token_ids
+from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
+from ovspec.runtime.kv import KVLayout
+from ovspec.runtime.loader import EventKind, Policy
+from ovspec.runtime.textcodec import REPLACEMENT_CHAR, TextCodec, TextStream, eos_token_ids
+from ovspec.store.local import Store
 
 LADDER = "32,64,128"
 EXACT = [arg for k, v in EXACT_CPU_PROPERTIES.items() for arg in ("--config", f"{k}={v}")]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ovspec.keys import COMPONENT_NAMES, BlobKey, canonical_mapping, explain
+from ovspec.store.keys import COMPONENT_NAMES, BlobKey, canonical_mapping, explain
 
 # Key values are text OpenVINO and ovspec produce: no newlines, no lone surrogates.
 VALUE = st.text(st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=20)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ovspec.compiler import BuildOutcome, Program
+from ovspec.compile.compiler import BuildOutcome, Program
 from ovspec.errors import CompileError
+from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
-from ovspec.loader import EventKind, Loader, Policy, WindowPlan
-from ovspec.specialize import Specialization
+from ovspec.runtime.loader import EventKind, Loader, Policy, WindowPlan
 
 LADDER = Ladder((32, 64, 128, 256))
 

@@ -1,4 +1,4 @@
-"""``ovspec.patching`` and ``ovspec patch``: state detection, apply/revert and refusals.
+"""``ovspec.trials.patches`` and ``ovspec patch``: state detection, apply/revert and refusals.
 
 Every test builds its own small git repository that stands in for the compiler
 checkout (no network, no upstream tree); one test reads the shipped diff.
@@ -18,10 +18,10 @@ import xxhash
 from click.testing import CliRunner, Result
 
 import ovspec.cli.patch  # noqa: F401 - registers the `patch` group
-from ovspec import patching
 from ovspec.cli import cli
 from ovspec.errors import PatchError
-from ovspec.patching import BaseRelation, Patch, PatchState
+from ovspec.trials import patches as patching
+from ovspec.trials.patches import BaseRelation, Patch, PatchState
 
 HPP = "src/vpux_compiler/include/vpux/compiler/core/async_deps_info.hpp"
 CPP = "src/vpux_compiler/src/core/async_deps_info.cpp"

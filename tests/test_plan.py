@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.cli import cli
-from ovspec.compiler import BuildOutcome, Program
+from ovspec.compile.compiler import BuildOutcome, Program
 from ovspec.errors import BadRequestError
+from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
-from ovspec.loader import EventKind, Loader, Policy
-from ovspec.plan import (
-    EarlyStartRule,
+from ovspec.runtime.loader import EventKind, Loader, Policy
+from ovspec.runtime.plan import (
     Plan,
     RungCosts,
     RungValues,
@@ -29,11 +29,10 @@ from ovspec.plan import (
     plan_one_ahead,
     rung_windows,
     rungs_needed,
-    successors_to_start,
     window_plan,
 )
-from ovspec.specialize import Specialization
-from ovspec.store import Store
+from ovspec.runtime.schedule import EarlyStartRule, successors_to_start
+from ovspec.store.local import Store
 
 K = 1024
 LADDER_8K = Ladder((1 * K, 2 * K, 4 * K, 8 * K))
@@ -452,7 +451,10 @@ def test_windows_leave_out_rungs_below_the_prompt_and_the_top() -> None:
 
 
 def test_the_module_does_not_load_openvino() -> None:
-    code = "import sys, ovspec.plan; sys.exit(any(m.startswith('openvino') for m in sys.modules))"
+    code = (
+        "import sys, ovspec.runtime.plan, ovspec.runtime.schedule;"
+        "sys.exit(any(m.startswith('openvino') for m in sys.modules))"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

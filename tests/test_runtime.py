@@ -10,12 +10,12 @@ import pytest
 
 import ovspec
 from ovspec.errors import BadRequestError
-from ovspec.kv import KVLayout
-from ovspec.loader import EventKind, Policy
-from ovspec.runtime import decode
-from ovspec.specialize import Specialization
-from ovspec.stateful import EXACT_CPU_PROPERTIES, StatefulRunner
-from ovspec.store import Store
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
+from ovspec.ir.specialize import Specialization
+from ovspec.runtime.decoding import decode
+from ovspec.runtime.kv import KVLayout
+from ovspec.runtime.loader import EventKind, Policy
+from ovspec.store.local import Store
 
 
 @pytest.mark.parametrize("policy", list(Policy))
@@ -89,7 +89,7 @@ def test_a_request_over_the_top_rung_is_refused(qwen2_dir: Path, store: Store) -
 
 
 def test_cpu_pinning_is_off_unless_asked() -> None:
-    from ovspec.runtime import loader_properties
+    from ovspec.runtime.decoding import loader_properties
 
     assert loader_properties("CPU", {}) == {"ENABLE_CPU_PINNING": "NO"}
     asked = {"ENABLE_CPU_PINNING": "YES"}

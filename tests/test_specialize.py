@@ -10,12 +10,12 @@ import pytest
 from conftest import DirectPrograms, load_llm
 
 from ovspec.errors import ModelError
-from ovspec.kv import CopyAndGrowKV, SharedMaxKV
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
+from ovspec.ir.roles import KVKind
+from ovspec.ir.specialize import Phase, Specialization, prepare, read_ir
 from ovspec.ladder import Ladder
-from ovspec.roles import KVKind
-from ovspec.session import DecodeSession
-from ovspec.specialize import Phase, Specialization, prepare, read_ir
-from ovspec.stateful import EXACT_CPU_PROPERTIES, StatefulRunner
+from ovspec.runtime.kv import CopyAndGrowKV, SharedMaxKV
+from ovspec.runtime.session import DecodeSession
 
 LADDER = Ladder((32, 64, 128))
 

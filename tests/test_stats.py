@@ -1,4 +1,4 @@
-"""Tests for ovspec.stats: agreement with scipy, the exact sign-flip p, the A/B laws."""
+"""Tests for ovspec.stats.paired: agreement with scipy, the exact sign-flip p, the A/B laws."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from ovspec.errors import BadRequestError, TrialError
-from ovspec.stats import (
+from ovspec.stats.paired import (
     EXACT_MAX_PAIRS,
     SIGN_FLIP_TIE_RTOL,
     PairedSummary,

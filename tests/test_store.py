@@ -1,4 +1,4 @@
-"""Fault injection for every promise of ovspec.store; ``check()`` is the oracle.
+"""Fault injection for every promise of ovspec.store.local; ``check()`` is the oracle.
 
 Payloads are small random byte strings; keys are fake but complete BlobKeys.
 """
@@ -20,8 +20,8 @@ import diskcache
 import pytest
 
 from ovspec.errors import StoreError
-from ovspec.keys import COMPONENT_NAMES, BlobKey
-from ovspec.store import (
+from ovspec.store.keys import COMPONENT_NAMES, BlobKey
+from ovspec.store.local import (
     STORE_FORMAT_VERSION,
     ProducedBlob,
     Store,
@@ -299,8 +299,8 @@ def test_concurrent_threads_produce_once(store: Store) -> None:
 WORKER = r"""
 import json, os, sys, time
 from pathlib import Path
-from ovspec.keys import COMPONENT_NAMES, BlobKey
-from ovspec.store import ProducedBlob, Store
+from ovspec.store.keys import COMPONENT_NAMES, BlobKey
+from ovspec.store.local import ProducedBlob, Store
 
 root, seed, mode, scratch = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
 key = BlobKey.from_values({n: f"{seed}-{n}" for n in COMPONENT_NAMES})

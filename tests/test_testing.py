@@ -1,4 +1,4 @@
-"""Tests of ovspec.testing: the synthetic Qwen2 IR has the export's interface and
+"""Tests of ovspec.testing.qwen2: the synthetic Qwen2 IR has the export's interface and
 structure, and computes what a numpy Qwen2 reference computes from the same weights."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import openvino as ov
 import pytest
 
 from ovspec.errors import BadRequestError, ModelError
-from ovspec.testing import (
+from ovspec.testing.qwen2 import (
     MASK_FILL_VALUE,
     MODEL_XML,
     PRESETS,

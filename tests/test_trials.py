@@ -13,19 +13,19 @@ from typing import Any
 
 import pytest
 
-from ovspec.arms import make_arm
-from ovspec.design import Arm
 from ovspec.errors import BadRequestError, DeviceError, TrialError
+from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.specialize import Phase
 from ovspec.ladder import Ladder
-from ovspec.model_dir import ModelDir
-from ovspec.specialize import Phase
-from ovspec.trial_report import (
+from ovspec.stats.orders import Arm
+from ovspec.trials.arms import make_arm
+from ovspec.trials.report import (
     BlobVerdict,
     build_report,
     format_report,
     report_to_dict,
 )
-from ovspec.trials import (
+from ovspec.trials.runner import (
     WARMUP_PAIRS,
     ResultsFile,
     RunRecord,

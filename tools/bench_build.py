@@ -33,8 +33,8 @@ from typing import Any
 import click
 
 from ovspec.cli.options import chunk_option, device_options, ladder_option, phases_option
+from ovspec.compile.host import cpu_model
 from ovspec.errors import BadRequestError, OvspecError
-from ovspec.host import cpu_model
 from ovspec.ladder import Ladder
 
 # History: 1 — first format (2026-11).
@@ -329,10 +329,10 @@ class _Bench:
     """One benchmark run: scratch stores under ``scratch``, deleted by the caller."""
 
     def __init__(self, settings: Settings, scratch: Path, say: Callable[[str], None]) -> None:
-        from ovspec.build import BuildPlan, check_device, parse_phases
-        from ovspec.compiler import BlobMode
-        from ovspec.compression import Compression
-        from ovspec.model_dir import resolve_model
+        from ovspec.compile.compiler import BlobMode
+        from ovspec.compile.prewarm import BuildPlan, check_device, parse_phases
+        from ovspec.ir.compression import Compression
+        from ovspec.ir.model_dir import resolve_model
 
         self.settings = settings
         self.scratch = scratch
@@ -364,7 +364,7 @@ class _Bench:
 
     @contextmanager
     def fresh_store(self, label: str) -> Iterator[Any]:
-        from ovspec.store import Store
+        from ovspec.store.local import Store
 
         self._stores += 1
         root = self.scratch / f"store-{self._stores:02d}-{label}"
@@ -376,7 +376,7 @@ class _Bench:
             shutil.rmtree(root, ignore_errors=True)
 
     def compiler(self, store: Any, mode: Any, memo: Any = None) -> Any:
-        from ovspec.compiler import Compiler
+        from ovspec.compile.compiler import Compiler
 
         plan = self.plans[mode]
         return Compiler(
@@ -392,8 +392,8 @@ class _Bench:
     # -- key derivation ---------------------------------------------------------------
 
     def keys(self) -> KeyFigures:
-        from ovspec.compiler import BlobMode, prepare_model
-        from ovspec.fingerprint import DigestMemo
+        from ovspec.compile.compiler import BlobMode, prepare_model
+        from ovspec.store.digests import DigestMemo
 
         first, second = self.specs[0], self.specs[-1]
         samples: dict[str, list[float]] = {}
@@ -448,7 +448,7 @@ class _Bench:
     # -- the ladder, cold and warm -------------------------------------------------------
 
     def ladders(self) -> tuple[tuple[LadderFigures, ...], tuple[SpecFigures, ...]]:
-        from ovspec.compiler import BlobMode
+        from ovspec.compile.compiler import BlobMode
 
         modes = (BlobMode.WEIGHTLESS, BlobMode.FULL)
         runs: dict[BlobMode, list[_LadderRun]] = {mode: [] for mode in modes}
@@ -470,7 +470,7 @@ class _Bench:
         return ladders, specs
 
     def ladder_once(self, mode: Any) -> _LadderRun:
-        from ovspec.build import run_build
+        from ovspec.compile.prewarm import run_build
 
         plan = self.plans[mode]
         with self.fresh_store(mode.value) as store:

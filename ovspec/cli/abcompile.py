@@ -177,14 +177,20 @@ def ab_compile(
       ovspec ab-compile MODEL --a-python /opt/ov-stock/bin/python \\
           --b-python /opt/ov-patched/bin/python --device NPU --config NPU_PLATFORM=4000
     """
-    from ovspec.arms import load_arms, make_arm
-    from ovspec.design import Arm
-    from ovspec.fingerprint import DigestMemo
-    from ovspec.model_dir import resolve_model
-    from ovspec.specialize import Phase
-    from ovspec.store import Store
-    from ovspec.trial_report import build_report, format_report, report_to_dict, write_plot
-    from ovspec.trials import RunEvent, TrialPlan, model_digest, run_trial, specializations_for
+    from ovspec.ir.model_dir import resolve_model
+    from ovspec.ir.specialize import Phase
+    from ovspec.stats.orders import Arm
+    from ovspec.store.digests import DigestMemo
+    from ovspec.store.local import Store
+    from ovspec.trials.arms import load_arms, make_arm
+    from ovspec.trials.report import build_report, format_report, report_to_dict, write_plot
+    from ovspec.trials.runner import (
+        RunEvent,
+        TrialPlan,
+        model_digest,
+        run_trial,
+        specializations_for,
+    )
 
     per_arm: tuple[object, ...] = (a_label, a_python, a_pythonpath, a_libs, a_env, a_config)
     per_arm += (b_label, b_python, b_pythonpath, b_libs, b_env, b_config)

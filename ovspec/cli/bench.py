@@ -21,7 +21,7 @@ from ovspec.cli.options import (
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
-    from ovspec.figures import RunFigures
+    from ovspec.bench.metrics import RunFigures
 
 
 @cli.command()
@@ -81,11 +81,11 @@ def bench(
     compile figures are real compiles. Properties default to exact f32 on CPU,
     without thread pinning, for every protocol.
     """
-    from ovspec.bench import BenchConfig, run_bench
-    from ovspec.bench_report import environment, render_text, to_json, write_plots
-    from ovspec.model_dir import resolve_model
-    from ovspec.stateful import EXACT_CPU_PROPERTIES
-    from ovspec.store import Store
+    from ovspec.bench.report import environment, render_text, to_json, write_plots
+    from ovspec.bench.runner import BenchConfig, run_bench
+    from ovspec.ir.model_dir import resolve_model
+    from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+    from ovspec.store.local import Store
 
     root = cache_dir if cache_dir is not None else Store.default_root()
     model_dir = resolve_model(model, root / "models")

@@ -19,7 +19,7 @@ from ovspec.cli.options import (
     phases_option,
     progress,
 )
-from ovspec.compression import Compression
+from ovspec.ir.compression import Compression
 from ovspec.ladder import Ladder
 
 
@@ -57,10 +57,10 @@ def build(
 
     A second run with the same arguments is all hits and compiles nothing.
     """
-    from ovspec.build import BuildPlan, check_device, check_model, parse_phases, run_build
-    from ovspec.compiler import BlobMode
-    from ovspec.model_dir import BUILTIN_PREFIX, resolve_model
-    from ovspec.store import Store
+    from ovspec.compile.compiler import BlobMode
+    from ovspec.compile.prewarm import BuildPlan, check_device, check_model, parse_phases, run_build
+    from ovspec.ir.model_dir import BUILTIN_PREFIX, resolve_model
+    from ovspec.store.local import Store
 
     root = cache_dir if cache_dir is not None else Store.default_root()
     # Validate before the store is opened, so bad input leaves it untouched; a

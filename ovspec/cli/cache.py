@@ -15,8 +15,8 @@ from typing import TypeVar
 import click
 
 from ovspec.cli import cli
-from ovspec.keys import explain as explain_keys
-from ovspec.store import Store, StoreEntry
+from ovspec.store.keys import explain as explain_keys
+from ovspec.store.local import Store, StoreEntry
 
 _F = TypeVar("_F", bound=Callable[..., object])
 

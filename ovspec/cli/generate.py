@@ -25,8 +25,8 @@ from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
-    from ovspec.runtime import DecodeResult
-    from ovspec.textcodec import TextStream
+    from ovspec.runtime.decoding import DecodeResult
+    from ovspec.runtime.textcodec import TextStream
 
 # Kept as literals so `ovspec --help` does not import openvino; a test checks they
 # match ovspec.loader.Policy and ovspec.kv.KVLayout.
@@ -88,13 +88,13 @@ def generate(
     if (prompt is None) == (ids is None):
         raise click.UsageError("give exactly one of PROMPT (text) or --ids (token ids)")
 
-    from ovspec.kv import KVLayout
-    from ovspec.loader import Policy
-    from ovspec.model_dir import BUILTIN_PREFIX, resolve_model
-    from ovspec.runtime import decode
-    from ovspec.runtime import open as open_loader
-    from ovspec.store import Store
-    from ovspec.textcodec import TextCodec, eos_token_ids
+    from ovspec.ir.model_dir import BUILTIN_PREFIX, resolve_model
+    from ovspec.runtime.decoding import decode
+    from ovspec.runtime.decoding import open as open_loader
+    from ovspec.runtime.kv import KVLayout
+    from ovspec.runtime.loader import Policy
+    from ovspec.runtime.textcodec import TextCodec, eos_token_ids
+    from ovspec.store.local import Store
 
     root = cache_dir if cache_dir is not None else Store.default_root()
     # As in build: validate before the store is opened, except for a built-in model,

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import click
 
-from ovspec.compression import Compression
 from ovspec.errors import OvspecError
+from ovspec.ir.compression import Compression
 from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -1,6 +1,6 @@
 """``ovspec patch``: list the shipped compiler patches; check, apply or revert one in a checkout.
 
-A thin layer over ``ovspec.patching``; its ``PatchError`` becomes one line on stderr
+A thin layer over ``ovspec.trials.patches``; its ``PatchError`` becomes one line on stderr
 and exit 2. ``check`` exits 1 when the patch conflicts with the checkout.
 """
 
@@ -13,8 +13,8 @@ from typing import TypeVar
 
 import click
 
-from ovspec import patching
 from ovspec.cli import cli
+from ovspec.trials import patches as patching
 
 _F = TypeVar("_F", bound=Callable[..., object])
 
@@ -39,7 +39,7 @@ def _json_option(f: _F) -> _F:
 
 
 def _source_dir_argument(f: _F) -> _F:
-    # No exists=True: ovspec.patching says what is wrong with the folder and what to do.
+    # No exists=True: ovspec.trials.patches says what is wrong with the folder and what to do.
     argument = click.argument("source_dir", type=click.Path(file_okay=True, path_type=Path))
     return argument(f)
 

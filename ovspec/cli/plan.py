@@ -22,10 +22,11 @@ from ovspec.cli.options import (
     json_option,
     ladder_option,
 )
-from ovspec.compression import Compression
 from ovspec.errors import OvspecError
+from ovspec.ir.compression import Compression
 from ovspec.ladder import Ladder
-from ovspec.plan import DEFAULT_MEASURE_STEPS, Plan, RungCosts, RungValues
+from ovspec.runtime.costs import DEFAULT_MEASURE_STEPS
+from ovspec.runtime.plan import Plan, RungCosts, RungValues
 
 DEFAULT_PROMPT_TOKENS = 128
 DEFAULT_CHUNK_TOKENS = 128
@@ -139,14 +140,9 @@ def plan(
     A boundary is stall-free when the next rung's program is ready before decode
     reaches it. MODEL is read only when a cost comes from the store or --measure.
     """
-    from ovspec.plan import (
-        EarlyStartRule,
-        conclusion,
-        history,
-        measure,
-        plan_one_ahead,
-        rungs_needed,
-    )
+    from ovspec.runtime.costs import history, measure
+    from ovspec.runtime.plan import conclusion, plan_one_ahead, rungs_needed
+    from ovspec.runtime.schedule import EarlyStartRule
 
     if decode_values is not None and measure_flag:
         raise click.UsageError("--decode-ms and --measure both give the decode rate; choose one")
@@ -176,9 +172,9 @@ def plan(
     if decode_s is not None:
         sources["decode"] = "--decode-ms"
     if measure_flag or compile_s is None:
-        from ovspec.compiler import BlobMode, Compiler
-        from ovspec.model_dir import resolve_model
-        from ovspec.store import Store
+        from ovspec.compile.compiler import BlobMode, Compiler
+        from ovspec.ir.model_dir import resolve_model
+        from ovspec.store.local import Store
 
         root = cache_dir if cache_dir is not None else Store.default_root()
         store = Store(root)
@@ -187,8 +183,8 @@ def plan(
             model_root = str(model_dir.root)
             ladder.check_fits(model_dir.max_position_embeddings)
             if measure_flag:
-                from ovspec.loader import Policy
-                from ovspec.runtime import open as open_loader
+                from ovspec.runtime.decoding import open as open_loader
+                from ovspec.runtime.loader import Policy
 
                 with open_loader(
                     model,

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ovspec.ladder import Ladder
-from ovspec.loader import EventKind
-from ovspec.runtime import DecodeResult
+from ovspec.runtime.decoding import DecodeResult
+from ovspec.runtime.loader import EventKind
 
 
 @dataclass(frozen=True)

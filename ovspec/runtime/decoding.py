@@ -15,16 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ovspec.compiler import BlobMode, Compiler
-from ovspec.compression import Compression
-from ovspec.devices import device_family
+from ovspec.compile.compiler import BlobMode, Compiler
+from ovspec.compile.devices import device_family
 from ovspec.errors import BadRequestError
-from ovspec.kv import KVLayout, make_kv
+from ovspec.ir.compression import Compression
+from ovspec.ir.model_dir import resolve_model
 from ovspec.ladder import Ladder
-from ovspec.loader import Loader, LoaderEvent, Policy, WindowPlan
-from ovspec.model_dir import resolve_model
-from ovspec.session import BoundaryRecord, DecodeSession, StepRecord
-from ovspec.store import Store
+from ovspec.runtime.kv import KVLayout, make_kv
+from ovspec.runtime.loader import Loader, LoaderEvent, Policy, WindowPlan
+from ovspec.runtime.session import BoundaryRecord, DecodeSession, StepRecord
+from ovspec.store.local import Store
 
 DEFAULT_PREFILL_CHUNK_TOKENS = 128
 DEFAULT_LADDER = Ladder()

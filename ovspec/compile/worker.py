@@ -1,4 +1,4 @@
-"""One timed compile in a fresh process: ``python -m ovspec.compile_worker`` (JSON on stdin).
+"""One timed compile in a fresh process: ``python -m ovspec.compile.worker`` (JSON on stdin).
 
 Owns the request/result wire format and what a run records: the compile's wall and
 process CPU time, the exported blob's hash, and the environment that actually loaded
@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ovspec.compile.host import cpu_model
 from ovspec.errors import BadRequestError, CompileError, DeviceError, ModelError, OvspecError
-from ovspec.host import cpu_model
 
-WORKER_MODULE = "ovspec.compile_worker"
+WORKER_MODULE = "ovspec.compile.worker"
 
 # Bump when a field of the request or the result changes meaning.
 # History: 1 — first format (2026-11).
@@ -126,9 +126,9 @@ def run(request: WorkerRequest) -> dict[str, Any]:
             "the arm's environment"
         ) from exc
 
-    from ovspec.devices import device_family, resolve_device
+    from ovspec.compile.devices import device_family, resolve_device
     from ovspec.errors import openvino_message
-    from ovspec.specialize import Phase, Specialization, prepare, read_ir
+    from ovspec.ir.specialize import Phase, Specialization, prepare, read_ir
 
     core = ov.Core()
     try:

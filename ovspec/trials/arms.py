@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ovspec.design import Arm
 from ovspec.errors import BadRequestError
+from ovspec.stats.orders import Arm
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,7 +1,7 @@
 """The report of an A/B compile trial: paired statistics per rung and overall, the
 blob-identity gate, and each arm's environment, as text lines, JSON or a paired plot.
 
-Built from a plan and its recorded runs; the statistics are ``ovspec.stats``'s, and a
+Built from a plan and its recorded runs; the statistics are ``ovspec.stats.paired``'s, and a
 trial they cannot summarize honestly (too few pairs, zero variance) is a TrialError.
 """
 
@@ -15,10 +15,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ovspec.design import Arm
 from ovspec.errors import BadRequestError, TrialError
-from ovspec.stats import PairedSummary, summarize_pairs
-from ovspec.trials import (
+from ovspec.stats.orders import Arm
+from ovspec.stats.paired import PairedSummary, summarize_pairs
+from ovspec.trials.runner import (
     WARMUP_PAIRS,
     EnvironmentGuard,
     RunRecord,

@@ -16,10 +16,10 @@ import numpy as np
 import openvino as ov
 
 from ovspec.errors import LadderError
-from ovspec.kv import KVCache, Migration
+from ovspec.ir.roles import ModelRoles
+from ovspec.ir.specialize import Specialization, prefill_specialization
 from ovspec.ladder import Ladder
-from ovspec.roles import ModelRoles
-from ovspec.specialize import Specialization
+from ovspec.runtime.kv import KVCache, Migration
 
 
 class Programs(Protocol):
@@ -208,8 +208,3 @@ class DecodeSession:
 
     def _presents(self, bound: _Bound) -> dict[str, np.ndarray]:
         return {role.present_output: bound.output(role.present_output) for role in self.roles.kv}
-
-
-def prefill_specialization(capacity_tokens: int, chunk_tokens: int) -> Specialization:
-    """The prefill graph for a rung: the chunk shrinks to fit a small rung."""
-    return Specialization.prefill(capacity_tokens, min(chunk_tokens, capacity_tokens))

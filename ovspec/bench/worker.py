@@ -1,4 +1,4 @@
-"""One bench run in a fresh process: ``python -m ovspec.bench_worker REQUEST.json``.
+"""One bench run in a fresh process: ``python -m ovspec.bench.worker REQUEST.json``.
 
 A fresh interpreter per run keeps compile figures honest (no warm OpenVINO state,
 no compiled graphs shared between protocols) and makes peak RSS the run's own. The
@@ -52,11 +52,11 @@ class RunRequest:
 def run(request: RunRequest) -> dict[str, Any]:
     # Imports first (interpreter start-up is not compile time), then the clock: the
     # foreground includes reading and preparing the model, which every protocol pays.
-    import ovspec.runtime as runtime
-    from ovspec.figures import compute
+    import ovspec.runtime.decoding as runtime
+    from ovspec.bench.metrics import compute
+    from ovspec.bench.protocols import SETUPS, Protocol
     from ovspec.ladder import Ladder
-    from ovspec.protocols import SETUPS, Protocol
-    from ovspec.store import Store
+    from ovspec.store.local import Store
 
     origin = time.perf_counter()
 
@@ -132,7 +132,7 @@ def run(request: RunRequest) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m ovspec.bench_worker REQUEST.json", file=sys.stderr)
+        print("usage: python -m ovspec.bench.worker REQUEST.json", file=sys.stderr)
         return 2
     request = RunRequest.from_json(json.loads(Path(argv[0]).read_text()))
     try:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from ovspec.kv import KVLayout
 from ovspec.ladder import Ladder
-from ovspec.loader import Policy
+from ovspec.runtime.kv import KVLayout
+from ovspec.runtime.loader import Policy
 
 
 class Protocol(Enum):

@@ -12,7 +12,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ovspec.bench import (
+from ovspec.bench.metrics import median
+from ovspec.bench.protocols import CONTROL, SETUPS, Protocol
+from ovspec.bench.runner import (
     PAIRED_FIGURES,
     BenchResult,
     band_comparison,
@@ -20,10 +22,8 @@ from ovspec.bench import (
     medians,
     paired_vs_control,
 )
-from ovspec.figures import median
-from ovspec.host import cpu_model
-from ovspec.protocols import CONTROL, SETUPS, Protocol
-from ovspec.stats import PairedSummary
+from ovspec.compile.host import cpu_model
+from ovspec.stats.paired import PairedSummary
 
 MIB = 2**20
 
@@ -258,7 +258,7 @@ def to_json(result: BenchResult, env: dict[str, str]) -> dict[str, Any]:
 
 
 def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
-    from ovspec import plots
+    from ovspec.bench import plots
 
     written = []
     for variant in result.config.variants:

@@ -22,19 +22,19 @@ from typing import Any
 import xxhash
 
 from ovspec import __version__
-from ovspec.arms import ArmSpec
-from ovspec.compile_worker import (
+from ovspec.compile.worker import (
     ERROR_KINDS,
     WORKER_FORMAT_VERSION,
     WORKER_MODULE,
     WorkerRequest,
 )
-from ovspec.design import Arm, ab_orders
 from ovspec.errors import BadRequestError, TrialError
-from ovspec.fingerprint import DigestMemo
+from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
-from ovspec.model_dir import ModelDir
-from ovspec.specialize import Phase, Specialization
+from ovspec.stats.orders import Arm, ab_orders
+from ovspec.store.digests import DigestMemo
+from ovspec.trials.arms import ArmSpec
 
 # Bump when a header or run field changes meaning.
 # History: 1 — first format (2026-11).

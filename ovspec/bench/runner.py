@@ -1,7 +1,7 @@
 """The bench workflow: B0/B1/I1/I2 side by side, in Williams order, one fresh process each.
 
 Each repetition is a row of a 4x4 Williams square; each run is a fresh interpreter
-(``ovspec.bench_worker``) with a cold store (compile figures) or a prebuilt warm one.
+(``ovspec.bench.worker``) with a cold store (compile figures) or a prebuilt warm one.
 The same prompt and forced tokens go through every protocol, so boundary logits can
 be compared with the I1 control position by position. This module plans, runs and
 aggregates; ``figures`` computes per-run numbers and ``plots`` draws them.
@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from ovspec.bench_worker import RunRequest
-from ovspec.design import williams_orders
+from ovspec.bench.metrics import RunFigures, band_edges, median
+from ovspec.bench.protocols import CONTROL, Protocol
+from ovspec.bench.worker import RunRequest
 from ovspec.errors import BadRequestError, OvspecError, TrialError
-from ovspec.figures import RunFigures, band_edges, median
+from ovspec.ir.model_dir import ModelDir
 from ovspec.ladder import Ladder
-from ovspec.model_dir import ModelDir
-from ovspec.protocols import CONTROL, Protocol
-from ovspec.stats import PairedSummary, summarize_pairs
+from ovspec.stats.orders import williams_orders
+from ovspec.stats.paired import PairedSummary, summarize_pairs
 
 VARIANTS = ("cold", "warm")
 
@@ -201,7 +201,7 @@ def _run_one(
 
 def _run_worker_process(request_path: Path) -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "ovspec.bench_worker", str(request_path)],
+        [sys.executable, "-m", "ovspec.bench.worker", str(request_path)],
         capture_output=True,
         text=True,
         check=False,

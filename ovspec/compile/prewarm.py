@@ -14,15 +14,14 @@ from dataclasses import dataclass
 
 import openvino as ov
 
-from ovspec.compiler import NO_PATCH, BlobMode, BuildOutcome, Compiler, prepare_model
-from ovspec.compression import Compression
-from ovspec.devices import resolve_device
+from ovspec.compile.compiler import NO_PATCH, BlobMode, BuildOutcome, Compiler, prepare_model
+from ovspec.compile.devices import resolve_device
 from ovspec.errors import BadRequestError
+from ovspec.ir.compression import Compression
+from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.specialize import DynamicLLM, Phase, Specialization, prefill_specialization
 from ovspec.ladder import Ladder
-from ovspec.model_dir import ModelDir
-from ovspec.session import prefill_specialization
-from ovspec.specialize import DynamicLLM, Phase, Specialization
-from ovspec.store import Store
+from ovspec.store.local import Store
 
 
 @dataclass(frozen=True)

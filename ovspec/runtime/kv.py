@@ -19,7 +19,7 @@ import numpy as np
 import openvino as ov
 
 from ovspec.errors import LadderError
-from ovspec.roles import KVRole, ModelRoles
+from ovspec.ir.roles import KVRole, ModelRoles
 
 
 class KVLayout(Enum):

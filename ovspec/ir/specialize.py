@@ -14,7 +14,7 @@ from pathlib import Path
 import openvino as ov
 
 from ovspec.errors import ModelError, openvino_message
-from ovspec.roles import ModelRoles, discover_roles
+from ovspec.ir.roles import ModelRoles, discover_roles
 
 
 class Phase(Enum):
@@ -59,6 +59,11 @@ class Specialization:
     def canonical(self) -> str:
         """The text that goes into a blob key."""
         return f"{self.phase.value}:capacity={self.capacity_tokens}:chunk={self.chunk_tokens}"
+
+
+def prefill_specialization(capacity_tokens: int, chunk_tokens: int) -> Specialization:
+    """The prefill graph for a rung: the chunk shrinks to fit a small rung."""
+    return Specialization.prefill(capacity_tokens, min(chunk_tokens, capacity_tokens))
 
 
 @dataclass(frozen=True)

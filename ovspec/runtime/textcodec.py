@@ -14,7 +14,7 @@ import numpy as np
 import openvino as ov
 
 from ovspec.errors import BadRequestError, ModelError, openvino_message
-from ovspec.model_dir import DETOKENIZER_XML_NAME, TOKENIZER_XML_NAME, ModelDir
+from ovspec.ir.model_dir import DETOKENIZER_XML_NAME, TOKENIZER_XML_NAME, ModelDir
 
 GENERATION_CONFIG_NAME = "generation_config.json"
 

@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from ovspec.compression import Compression
-from ovspec.devices import DeviceFacts, compiler_version, key_properties, resolve_device
+from ovspec.compile.devices import DeviceFacts, compiler_version, key_properties, resolve_device
 from ovspec.errors import CompileError, openvino_message
-from ovspec.fingerprint import DigestMemo
-from ovspec.keys import KEY_FORMAT_VERSION, BlobKey
-from ovspec.model_dir import ModelDir
-from ovspec.specialize import DynamicLLM, Specialization, prepare, read_ir
-from ovspec.store import BlobOutcome, ProducedBlob, Store
+from ovspec.ir.compression import Compression
+from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir
+from ovspec.store.digests import DigestMemo
+from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
+from ovspec.store.local import BlobOutcome, ProducedBlob, Store
 
 log = logging.getLogger(__name__)
 

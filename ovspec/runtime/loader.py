@@ -22,11 +22,11 @@ from enum import Enum
 
 import openvino as ov
 
-from ovspec.compiler import Compiler, Program
+from ovspec.compile.compiler import Compiler, Program
 from ovspec.errors import CompileError, OvspecError
+from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
-from ovspec.plan import WindowPlan, successors_to_start
-from ovspec.specialize import Phase, Specialization
+from ovspec.runtime.schedule import WindowPlan, successors_to_start
 
 __all__ = ["EventKind", "Loader", "LoaderEvent", "Policy", "WindowPlan"]
 

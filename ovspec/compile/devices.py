@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import openvino as ov
 
 from ovspec.errors import DeviceError
-from ovspec.keys import canonical_mapping
+from ovspec.store.keys import canonical_mapping
 
 # Read-only properties that identify what compiles the blob. Each is read only if the
 # device lists it in SUPPORTED_PROPERTIES, so one list serves every device.

@@ -54,8 +54,8 @@ import diskcache
 import platformdirs
 
 from ovspec.errors import StoreError
-from ovspec.fingerprint import size_and_digest
-from ovspec.keys import BlobKey, KeyComponent
+from ovspec.store.digests import size_and_digest
+from ovspec.store.keys import BlobKey, KeyComponent
 
 log = logging.getLogger(__name__)
 
