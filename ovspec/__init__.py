@@ -3,8 +3,7 @@ and a one-ahead lazy loader for long-context decode on static-shape accelerators
 
 from ovspec.errors import OvspecError
 from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
-
-__version__ = "0.1.0"
+from ovspec.version import __version__
 
 __all__ = ["DEFAULT_LADDER_TOKENS", "Ladder", "OvspecError", "__version__", "open"]
 

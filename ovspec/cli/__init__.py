@@ -13,8 +13,8 @@ from typing import Any, NoReturn
 
 import click
 
-from ovspec import __version__
 from ovspec.errors import OvspecError
+from ovspec.version import __version__
 
 
 def _fail(message: str, exit_code: int) -> NoReturn:

@@ -183,14 +183,9 @@ def ab_compile(
     from ovspec.store.digests import DigestMemo
     from ovspec.store.local import Store
     from ovspec.trials.arms import load_arms, make_arm
+    from ovspec.trials.records import TrialPlan, model_digest, specializations_for
     from ovspec.trials.report import build_report, format_report, report_to_dict, write_plot
-    from ovspec.trials.runner import (
-        RunEvent,
-        TrialPlan,
-        model_digest,
-        run_trial,
-        specializations_for,
-    )
+    from ovspec.trials.runner import RunEvent, run_trial
 
     per_arm: tuple[object, ...] = (a_label, a_python, a_pythonpath, a_libs, a_env, a_config)
     per_arm += (b_label, b_python, b_pythonpath, b_libs, b_env, b_config)

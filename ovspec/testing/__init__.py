@@ -1,10 +1,18 @@
 """Synthetic test models written by ovspec itself (nothing is downloaded).
 
-``qwen2`` builds seeded Qwen2 IRs with optimum-intel's stateful conventions (the
-``builtin:`` presets). Imports only ``ovspec.errors``; OpenVINO is loaded when a
-model is built.
+``presets`` holds the shapes and seeded weights behind the ``builtin:`` models;
+``qwen2`` builds their IRs with optimum-intel's stateful conventions. Imports only
+``ovspec.errors``; OpenVINO is loaded when a model is built. GGUF writers land here.
 """
 
-from ovspec.testing.qwen2 import PRESETS, ModelSpec, build_model, write_model
+from ovspec.testing.presets import PRESETS, ModelSpec, generate_weight, generate_weights
+from ovspec.testing.qwen2 import build_model, write_model
 
-__all__ = ["PRESETS", "ModelSpec", "build_model", "write_model"]
+__all__ = [
+    "PRESETS",
+    "ModelSpec",
+    "build_model",
+    "generate_weight",
+    "generate_weights",
+    "write_model",
+]

@@ -27,7 +27,7 @@ PATCH_SUFFIX = ".diff"
 # reads patches/ beside pyproject.toml (the pyproject check keeps an unrelated
 # site-packages/patches folder from being taken for ours).
 _PACKAGE_PATCH_DIR = "_patches"
-_SOURCE_ROOT = Path(__file__).resolve().parents[1]
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]  # ovspec/trials/patches.py -> the checkout
 
 _DIFF_START = b"diff --git "
 # Header lines ovspec reads: "# key: value", one space after "#", key in lower case.

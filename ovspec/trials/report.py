@@ -18,13 +18,8 @@ from typing import Any
 from ovspec.errors import BadRequestError, TrialError
 from ovspec.stats.orders import Arm
 from ovspec.stats.paired import PairedSummary, summarize_pairs
-from ovspec.trials.runner import (
-    WARMUP_PAIRS,
-    EnvironmentGuard,
-    RunRecord,
-    TrialPlan,
-    measured_records,
-)
+from ovspec.trials.records import WARMUP_PAIRS, EnvironmentGuard, RunRecord, TrialPlan
+from ovspec.trials.runner import measured_records
 
 # Bump when a key of ``report_to_dict`` changes meaning.
 # History: 1 — first format (2026-11).

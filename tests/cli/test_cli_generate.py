@@ -256,7 +256,7 @@ def test_bad_input_is_one_line_and_exit_2(
     args: list[str], message: str, tiny_cache: Path, tmp_path: Path
 ) -> None:
     cache = tiny_cache if args[0].startswith("builtin:") else tmp_path
-    data = Path(__file__).parent / "data"
+    data = Path(__file__).parents[1] / "data"
     args = [str(data / a[len("tests/data/") :]) if a.startswith("tests/data/") else a for a in args]
     result = run("generate", *args, "--cache-dir", str(cache))
     assert result.exit_code == 2, result.output

@@ -14,17 +14,14 @@ import openvino as ov
 import pytest
 
 from ovspec.errors import BadRequestError, ModelError
-from ovspec.testing.qwen2 import (
-    MASK_FILL_VALUE,
-    MODEL_XML,
+from ovspec.testing.presets import (
     PRESETS,
     ModelSpec,
-    build_model,
     generate_weight,
     generate_weights,
     rope_inv_freq,
-    write_model,
 )
+from ovspec.testing.qwen2 import MASK_FILL_VALUE, MODEL_XML, build_model, write_model
 
 TINY = PRESETS["tiny"]
 

@@ -28,7 +28,7 @@ from ovspec.ladder import Ladder
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     config = BenchConfig(
-        model=ModelDir.open(Path(__file__).parent / "data" / "qwen2"),
+        model=ModelDir.open(Path(__file__).parents[1] / "data" / "qwen2"),
         ladder=Ladder((32, 64)),
         prompt_tokens=8,
         new_tokens=50,
@@ -106,7 +106,7 @@ def test_report_text_json_and_plots(result, tmp_path: Path) -> None:  # type: ig
 def test_config_refuses_a_budget_over_the_top_rung(tmp_path: Path) -> None:
     with pytest.raises(BadRequestError, match="exceed the top rung 64"):
         BenchConfig(
-            model=ModelDir.open(Path(__file__).parent / "data" / "qwen2"),
+            model=ModelDir.open(Path(__file__).parents[1] / "data" / "qwen2"),
             ladder=Ladder((32, 64)),
             prompt_tokens=8,
             new_tokens=60,
@@ -127,7 +127,7 @@ def test_cli_help_and_bad_input(tmp_path: Path) -> None:
         cli,
         [
             "bench",
-            str(Path(__file__).parent / "data" / "qwen2"),
+            str(Path(__file__).parents[1] / "data" / "qwen2"),
             "--ladder",
             "32,64",
             "--new-tokens",

@@ -21,13 +21,9 @@ import pytest
 
 from ovspec.errors import StoreError
 from ovspec.store.keys import COMPONENT_NAMES, BlobKey
-from ovspec.store.local import (
-    STORE_FORMAT_VERSION,
-    ProducedBlob,
-    Store,
-    StoreWarning,
-    _KeyLock,
-)
+from ovspec.store.layout import StoreLayout
+from ovspec.store.local import STORE_FORMAT_VERSION, ProducedBlob, Store, StoreWarning
+from ovspec.store.locks import KeyLock
 
 
 def make_key(seed: object, **overrides: str) -> BlobKey:
@@ -236,7 +232,7 @@ def test_producer_exception_stores_nothing_and_releases_the_lock(store: Store) -
     with pytest.raises(RuntimeError, match="compiler crashed"):
         store.get_or_create(key, produce)
     assert store.entries() == [] and temps(store) == []
-    lock = _KeyLock(store.root / "locks" / f"{key.hex}.lock")
+    lock = KeyLock(store.root / "locks" / f"{key.hex}.lock")
     assert lock.acquire(blocking=False)
     lock.release()
     assert not store.get_or_create(key, writer(b"ok")).hit
@@ -249,15 +245,15 @@ def test_flock_excludes_threads_of_one_process(tmp_path: Path) -> None:
     # flock locks belong to open file descriptions: separate fds conflict even
     # within one process, which is what makes the store's lock work for threads.
     path = tmp_path / "k.lock"
-    held = _KeyLock(path)
+    held = KeyLock(path)
     assert held.acquire(blocking=False)
     results: list[bool] = []
-    t = threading.Thread(target=lambda: results.append(_KeyLock(path).acquire(blocking=False)))
+    t = threading.Thread(target=lambda: results.append(KeyLock(path).acquire(blocking=False)))
     t.start()
     t.join()
     assert results == [False]
     held.release()
-    other = _KeyLock(path)
+    other = KeyLock(path)
     assert other.acquire(blocking=False)
     other.release()
 
@@ -373,7 +369,7 @@ def test_process_killed_mid_write_leaves_no_entry(store: Store, tmp_path: Path) 
     proc.wait(timeout=10)
 
     assert store.lookup(key) is None
-    lock = _KeyLock(store.root / "locks" / f"{key.hex}.lock")
+    lock = KeyLock(store.root / "locks" / f"{key.hex}.lock")
     assert lock.acquire(blocking=False), "the kernel must release a dead holder's flock"
     lock.release()
     problems = store.check()
@@ -462,7 +458,7 @@ def test_failure_after_the_rename_rolls_back(store: Store, monkeypatch: pytest.M
     def broken_set(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(lenient, "_set_row", broken_set)
+    monkeypatch.setattr(lenient, "set_row", broken_set)
     with pytest.warns(StoreWarning):
         outcome = lenient.get_or_create(make_key("late"), writer(data))
     assert not outcome.stored and outcome.path.read_bytes() == data
@@ -474,10 +470,10 @@ def test_unwritable_temp_folder_fails_open(store: Store, monkeypatch: pytest.Mon
     lenient = Store(store.root, strict=False)
     data = payload()
 
-    def no_temp(hex_: str, suffix: str) -> Path:
+    def no_temp(self: StoreLayout, hex_: str, suffix: str) -> Path:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(lenient, "_new_temp", no_temp)
+    monkeypatch.setattr(StoreLayout, "new_temp", no_temp)
     with pytest.warns(StoreWarning, match="cannot write"):
         outcome = lenient.get_or_create(make_key("notmp"), writer(data))
     assert not outcome.stored and outcome.path.read_bytes() == data
@@ -617,7 +613,7 @@ def test_lock_file_unlinked_by_gc_is_not_shared(tmp_path: Path) -> None:
     # gc unlinks idle lock files while holding them; a waiter that opened the
     # old inode must notice and reopen, or two holders could coexist.
     path = tmp_path / "k.lock"
-    gc_lock, waiter_lock = _KeyLock(path), _KeyLock(path)
+    gc_lock, waiter_lock = KeyLock(path), KeyLock(path)
     assert gc_lock.acquire(blocking=False)
     waiter = threading.Thread(target=waiter_lock.acquire, kwargs={"blocking": True})
     waiter.start()
@@ -626,7 +622,7 @@ def test_lock_file_unlinked_by_gc_is_not_shared(tmp_path: Path) -> None:
     gc_lock.release()
     waiter.join(5)
     assert not waiter.is_alive()
-    third = _KeyLock(path)
+    third = KeyLock(path)
     assert not third.acquire(blocking=False)  # the waiter holds the path's current inode
     waiter_lock.release()
     assert third.acquire(blocking=False)

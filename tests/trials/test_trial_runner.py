@@ -19,22 +19,21 @@ from ovspec.ir.specialize import Phase
 from ovspec.ladder import Ladder
 from ovspec.stats.orders import Arm
 from ovspec.trials.arms import make_arm
+from ovspec.trials.records import (
+    WARMUP_PAIRS,
+    ResultsFile,
+    RunRecord,
+    TrialPlan,
+    model_digest,
+    specializations_for,
+)
 from ovspec.trials.report import (
     BlobVerdict,
     build_report,
     format_report,
     report_to_dict,
 )
-from ovspec.trials.runner import (
-    WARMUP_PAIRS,
-    ResultsFile,
-    RunRecord,
-    TrialPlan,
-    TrialProgress,
-    model_digest,
-    run_trial,
-    specializations_for,
-)
+from ovspec.trials.runner import TrialProgress, run_trial
 
 # INFERENCE_NUM_THREADS cannot change a CPU blob (tests/test_devices.py proves it):
 # two arms that differ only there must export identical bytes.

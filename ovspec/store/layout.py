@@ -1,0 +1,150 @@
+"""The store's folder on disk: where each file lives, and the FORMAT stamp.
+
+Owns the names under the root (cache/README.md is the contract), the patterns that
+tell a file the store wrote from anything else, and creating or checking the stamp
+that says which store format a folder holds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from ovspec.errors import StoreError
+
+# History: 1 — first layout (2026-11): diskcache index, blobs/<hex[:2]>/ with JSON
+# sidecars, tmp/, quarantine/, locks/.
+STORE_FORMAT_VERSION = 1
+FORMAT_MAGIC = "ovspec-store"
+ENV_ROOT = "OVSPEC_CACHE_DIR"
+
+HEX_RE = re.compile(r"[0-9a-f]{32}")
+PAYLOAD_RE = re.compile(r"(?P<hex>[0-9a-f]{32})\.blob")
+SIDECAR_RE = re.compile(r"(?P<hex>[0-9a-f]{32})\.json")
+TEMP_RE = re.compile(r"(?P<hex>[0-9a-f]{32})\.\d+\.[0-9a-f]+\.(blob|json)\.part")
+LOCK_RE = re.compile(r"(?P<hex>[0-9a-f]{32})\.lock")
+# models/ (built-in models) and digests/ (file-digest memo) belong to ovspec, not the index.
+ROOT_NAMES = frozenset(
+    {"FORMAT", "index", "blobs", "tmp", "quarantine", "locks", "models", "digests"}
+)
+
+
+def default_root() -> Path:
+    """``$OVSPEC_CACHE_DIR`` if set, else the user cache folder for ovspec."""
+    env = os.environ.get(ENV_ROOT)
+    if env:
+        return Path(env).expanduser()
+    return Path(platformdirs.user_cache_dir("ovspec"))
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """The paths of one store root (absolute)."""
+
+    root: Path
+
+    @property
+    def format_file(self) -> Path:
+        return self.root / "FORMAT"
+
+    @property
+    def index(self) -> Path:
+        return self.root / "index"
+
+    @property
+    def blobs(self) -> Path:
+        return self.root / "blobs"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.root / "quarantine"
+
+    @property
+    def locks(self) -> Path:
+        return self.root / "locks"
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def digests(self) -> Path:
+        return self.root / "digests"
+
+    def payload_path(self, hex_: str) -> Path:
+        return self.blobs / hex_[:2] / f"{hex_}.blob"
+
+    def sidecar_path(self, hex_: str) -> Path:
+        return self.blobs / hex_[:2] / f"{hex_}.json"
+
+    def lock_path(self, hex_: str) -> Path:
+        return self.locks / f"{hex_}.lock"
+
+    def new_temp(self, hex_: str, suffix: str) -> Path:
+        """A fresh empty file in tmp/ whose name says which key and process wrote it."""
+        path = self.tmp / f"{hex_}.{os.getpid()}.{secrets.token_hex(4)}.{suffix}.part"
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+        return path
+
+    def ensure_format(self) -> None:
+        """Stamp an empty (or ovspec-only) folder as a store; refuse anything else."""
+        fmt = self.format_file
+        try:
+            text = fmt.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            text = None
+        if text is None:
+            foreign = sorted(
+                p.name
+                for p in self.root.iterdir()
+                if p.name not in ROOT_NAMES and not p.name.startswith(".FORMAT.")
+            )
+            if foreign:
+                raise StoreError(
+                    f"folder {self.root} is not an ovspec store (no FORMAT file) and holds "
+                    f"{', '.join(foreign[:3])}; pass an empty or new --cache-dir"
+                )
+            tmp = self.root / f".FORMAT.{os.getpid()}.{secrets.token_hex(4)}"
+            tmp.write_text(f"{FORMAT_MAGIC} {STORE_FORMAT_VERSION}\n", encoding="utf-8")
+            fsync_file(tmp)
+            os.replace(tmp, fmt)
+            fsync_dir(self.root)
+            return
+        magic, _, version = text.partition(" ")
+        if magic != FORMAT_MAGIC or not version.isdigit():
+            raise StoreError(
+                f"folder {self.root} is not an ovspec store (FORMAT says {text[:40]!r}); "
+                "pass another --cache-dir"
+            )
+        if int(version) != STORE_FORMAT_VERSION:
+            newer = "a newer" if int(version) > STORE_FORMAT_VERSION else "an older"
+            raise StoreError(
+                f"cache folder {self.root} has store format {version}, written by {newer} "
+                f"ovspec; this one reads format {STORE_FORMAT_VERSION}; "
+                "pass another --cache-dir or use a matching ovspec"
+            )

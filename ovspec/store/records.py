@@ -1,0 +1,195 @@
+"""The store's value types and their JSON form: entries, outcomes, statistics.
+
+A ``StoreEntry`` is what the index row and the sidecar of one blob both describe;
+``entry_from_json`` is the one parser of either (a malformed record is a
+``ValueError``, never a crash further on).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ovspec.store.keys import BlobKey, KeyComponent
+from ovspec.store.layout import HEX_RE
+
+
+class StoreWarning(UserWarning):
+    """The store met a fault it worked around (corrupt payload, unwritable folder...)."""
+
+
+@dataclass(frozen=True)
+class ProducedBlob:
+    """What a producer reports after writing a payload to the path it was given."""
+
+    compile_s: float
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.compile_s) and self.compile_s >= 0):
+            raise ValueError(f"compile_s must be a finite number >= 0, got {self.compile_s!r}")
+        for k, v in self.metadata.items():
+            if not (isinstance(k, str) and isinstance(v, str)):
+                raise ValueError(f"producer metadata must map str to str, got {k!r}: {v!r}")
+        object.__setattr__(self, "metadata", dict(self.metadata))
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """One stored blob: where it is, what it weighs, what made it."""
+
+    hex: str
+    path: Path
+    size_bytes: int
+    checksum: str
+    created_unix_s: float
+    accessed_unix_s: float
+    compile_s: float
+    components: tuple[KeyComponent, ...]
+    metadata: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        if not HEX_RE.fullmatch(self.hex):
+            raise ValueError(f"entry hex must be 32 lowercase hex digits, got {self.hex!r}")
+        if self.size_bytes < 0:
+            raise ValueError(f"entry {self.hex[:12]} has size_bytes {self.size_bytes} < 0")
+        if not (math.isfinite(self.compile_s) and self.compile_s >= 0):
+            raise ValueError(f"entry {self.hex[:12]} has compile_s {self.compile_s!r}")
+
+    def values(self) -> dict[str, str]:
+        """The key components as name -> value (what ``keys.explain`` takes)."""
+        return {c.name: c.value for c in self.components}
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "hex": self.hex,
+            "path": str(self.path),
+            "size_bytes": self.size_bytes,
+            "checksum": self.checksum,
+            "created_unix_s": self.created_unix_s,
+            "accessed_unix_s": self.accessed_unix_s,
+            "compile_s": self.compile_s,
+            "components": self.values(),
+            "metadata": dict(self.metadata),
+        }
+
+
+@dataclass(frozen=True)
+class BlobOutcome:
+    """The answer of ``get_or_create``.
+
+    ``compile_s`` is the compile time recorded for this blob (on a hit: the time
+    the hit saved). ``wait_s`` is the time spent waiting for another producer of
+    the same key. ``stored`` is False when the store could not be written and the
+    payload sits in a private temp folder outside the store: the caller owns it
+    and should delete it when done.
+    """
+
+    path: Path
+    hex: str
+    hit: bool
+    stored: bool
+    compile_s: float
+    wait_s: float
+    size_bytes: int
+    metadata: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """Counters persisted across processes, plus what the index holds now."""
+
+    hits: int
+    misses: int
+    saved_s: float
+    entries: int
+    stored_bytes: int
+    size_limit_bytes: int
+    evictions: int
+    quarantined: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "saved_s": self.saved_s,
+            "entries": self.entries,
+            "stored_bytes": self.stored_bytes,
+            "size_limit_bytes": self.size_limit_bytes,
+            "evictions": self.evictions,
+            "quarantined": self.quarantined,
+        }
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What ``gc`` did: LRU evictions, and the repairs of the self-check it ran."""
+
+    evicted_entries: int
+    freed_bytes: int
+    repaired: tuple[str, ...]
+    locks_removed: int
+    quarantine_purged: int
+
+
+def components_match_hex(components: tuple[KeyComponent, ...], hex_: str) -> bool:
+    try:
+        return BlobKey(components).hex == hex_
+    except ValueError:
+        # A key layout this version does not know: the hex cannot be recomputed;
+        # the payload checksum still guards the bytes.
+        return True
+
+
+def _want(obj: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = obj.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"field {name!r} is {value!r}")
+    return value
+
+
+def entry_from_json(obj: object, path: Path) -> StoreEntry:
+    """Parse an index row or a sidecar; raises ValueError when malformed."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"record is a {type(obj).__name__}, not an object")
+    raw_components = _want(obj, "components", list)
+    raw_metadata = _want(obj, "metadata", dict)
+    try:
+        components = tuple(KeyComponent(str(n), str(v)) for n, v in raw_components)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"field 'components' is malformed: {exc}") from exc
+    created = float(_want(obj, "created_unix_s", (int, float)))
+    accessed = obj.get("accessed_unix_s", created)
+    if not isinstance(accessed, (int, float)):
+        raise ValueError(f"field 'accessed_unix_s' is {accessed!r}")
+    return StoreEntry(
+        hex=_want(obj, "hex", str),
+        path=path,
+        size_bytes=_want(obj, "size_bytes", int),
+        checksum=_want(obj, "checksum", str),
+        created_unix_s=created,
+        accessed_unix_s=float(accessed),
+        compile_s=float(_want(obj, "compile_s", (int, float))),
+        components=components,
+        metadata={str(k): str(v) for k, v in raw_metadata.items()},
+    )
+
+
+def record_json(entry: StoreEntry) -> dict[str, Any]:
+    """The immutable part of an entry: what the sidecar holds and the row repeats."""
+    return {
+        "hex": entry.hex,
+        "size_bytes": entry.size_bytes,
+        "checksum": entry.checksum,
+        "created_unix_s": entry.created_unix_s,
+        "compile_s": entry.compile_s,
+        "components": [[c.name, c.value] for c in entry.components],
+        "metadata": dict(entry.metadata),
+    }
+
+
+def row_json(entry: StoreEntry) -> dict[str, Any]:
+    return {**record_json(entry), "accessed_unix_s": entry.accessed_unix_s}
