@@ -25,7 +25,7 @@ from ovspec.compile.devices import DeviceFacts, compiler_version, key_properties
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
-from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir
+from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir, transforms_id
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
 from ovspec.store.local import BlobOutcome, ProducedBlob, Store
@@ -156,6 +156,7 @@ class Compiler:
                 "ir_structure": self._memo.digest(self.model_dir.xml_path),
                 "weights": self._memo.digest(self.model_dir.bin_path),
                 "compression": self.compression.canonical,
+                "transforms": transforms_id(),
                 "device": self.facts.device,
                 "device_architecture": self.facts.architecture,
                 "openvino": ov.get_version(),

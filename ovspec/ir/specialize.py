@@ -16,6 +16,17 @@ import openvino as ov
 from ovspec.errors import ModelError, openvino_message
 from ovspec.ir.roles import ModelRoles, discover_roles
 
+# Bump when prepare() or specialize() would make a different graph from the same IR
+# (a new rewrite, a changed one): blob keys carry it, so no blob of an older pipeline
+# is served for the new one.
+# History: 1 — stateful->stateless, new-token-only presents, static reshape (2026-11).
+TRANSFORMS_VERSION = 1
+
+
+def transforms_id() -> str:
+    """The text blob keys carry for the IR -> specialization pipeline."""
+    return f"ovspec-transforms/{TRANSFORMS_VERSION}"
+
 
 class Phase(Enum):
     DECODE = "decode"

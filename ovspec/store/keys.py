@@ -17,8 +17,10 @@ import xxhash
 log = logging.getLogger(__name__)
 
 # Bump when the meaning of any component or the blob layout in the store changes.
-# History: 1 — first format (2026-11).
-KEY_FORMAT_VERSION = 1
+# History: 1 — first format (2026-11). 2 — "transforms" names the graph rewrites that
+# turn the IR into a specialization (2026-12): the IR file's digest alone cannot tell
+# two versions of prepare() apart.
+KEY_FORMAT_VERSION = 2
 
 # The components every blob key carries, in hashing order.
 COMPONENT_NAMES: tuple[str, ...] = (
@@ -26,6 +28,7 @@ COMPONENT_NAMES: tuple[str, ...] = (
     "ir_structure",
     "weights",
     "compression",
+    "transforms",
     "specialization",
     "device",
     "device_architecture",
