@@ -1,19 +1,55 @@
 """The one exception hierarchy of ovspec.
 
 Every error a user can cause or meet is an ``OvspecError`` subclass that owns its
-exit code; the CLI prints ``str(error)`` as one line and exits with it. Library code
-raises these and never prints or exits.
+exit code; the CLI prints it as one line and exits with it. Library code raises these
+and never prints or exits. A message names what to change with ``arg("ladder")``: a
+library caller reads the Python argument (``ladder=``), a command-line user the option
+(``--ladder``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+
+# Marks an argument's name (and an optional example value) inside a message; rendered
+# by OvspecError.__str__ (library) or OvspecError.cli_message (command line). U+001E
+# and U+001F cannot come from user text.
+_ARG = re.compile("\x1f([a-z_][a-z0-9_]*)(?:\x1e([^\x1f]*))?\x1f")
+
+
+def arg(name: str, example: str | None = None) -> str:
+    """The argument ``name`` (a Python parameter name) inside an error message, with an
+    example value if given: ``ladder=1024`` for the library, ``--ladder 1024`` on the
+    command line."""
+    return f"\x1f{name}\x1f" if example is None else f"\x1f{name}\x1e{example}\x1f"
 
 
 class OvspecError(Exception):
     """Base of all ovspec errors. ``exit_code`` is what the CLI exits with."""
 
     exit_code: int = 1
+
+    def __str__(self) -> str:
+        def python(m: re.Match[str]) -> str:
+            if m[1] == "properties" and m[2] and "=" in m[2]:
+                # OpenVINO properties are a mapping in Python: properties={"K": "V"}.
+                key, _, value = m[2].partition("=")
+                return f"properties={{{key!r}: {value!r}}}"
+            return f"{m[1]}={m[2] or ''}"
+
+        return _ARG.sub(python, super().__str__())
+
+    def cli_message(self, options: Mapping[str, str] | None = None) -> str:
+        """The message with each argument as its command-line option: ``--kebab-case``,
+        or what ``options`` maps the Python name to (``properties`` -> ``--config``)."""
+        names = options or {}
+
+        def option(m: re.Match[str]) -> str:
+            flag = names.get(m[1], "--" + m[1].replace("_", "-"))
+            return flag if m[2] is None else f"{flag} {m[2]}"
+
+        return _ARG.sub(option, super().__str__())
 
 
 class BadRequestError(OvspecError):

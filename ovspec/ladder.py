@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ovspec.errors import LadderError
+from ovspec.errors import LadderError, arg
 
 DEFAULT_LADDER_TOKENS: tuple[int, ...] = (1024, 2048, 4096, 8192)
 
@@ -25,7 +25,9 @@ class Ladder:
     def __post_init__(self) -> None:
         caps = self.capacities_tokens
         if not caps:
-            raise LadderError("the ladder is empty; give at least one capacity, e.g. --ladder 1024")
+            raise LadderError(
+                f"the ladder is empty; give at least one capacity, e.g. {arg('ladder', '1024')}"
+            )
         for cap in caps:
             if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
                 raise LadderError(f"ladder capacity {cap!r} is not a positive integer")
@@ -74,7 +76,7 @@ class Ladder:
         if i == len(self.capacities_tokens):
             raise LadderError(
                 f"{tokens} tokens exceed the top rung {self.top_tokens}; "
-                "extend --ladder or shorten the request"
+                f"extend {arg('ladder')} or shorten the request"
             )
         return self.capacities_tokens[i]
 
@@ -91,5 +93,5 @@ class Ladder:
             if cap > max_position_embeddings:
                 raise LadderError(
                     f"rung {cap} exceeds the model's max_position_embeddings "
-                    f"{max_position_embeddings}; lower --ladder"
+                    f"{max_position_embeddings}; lower {arg('ladder')}"
                 )

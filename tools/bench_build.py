@@ -24,6 +24,7 @@ import click
 from ovspec.bench.build_records import DEFAULT_MODELS_DIR
 from ovspec.bench.build_report import format_report
 from ovspec.bench.build_runner import Settings, run_benchmark
+from ovspec.cli import error_text
 from ovspec.cli.options import chunk_option, device_options, ladder_option, phases_option
 from ovspec.errors import OvspecError
 from ovspec.ladder import Ladder
@@ -126,7 +127,7 @@ def main(
     try:
         report = run_benchmark(settings, command, say)
     except OvspecError as exc:
-        click.echo(f"bench_build: error: {exc}", err=True)
+        click.echo(f"bench_build: error: {error_text(exc)}", err=True)
         sys.exit(exc.exit_code)
     document = json.dumps(report.to_json(), indent=2)
     if json_out is not None:

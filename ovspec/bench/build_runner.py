@@ -38,7 +38,7 @@ from ovspec.bench.environment import (
     peak_rss_bytes,
     tree_bytes,
 )
-from ovspec.errors import BadRequestError, OvspecError
+from ovspec.errors import BadRequestError, OvspecError, arg
 from ovspec.ladder import Ladder
 
 
@@ -67,9 +67,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
-            raise BadRequestError(f"--repeats {self.repeats} must be at least 1")
+            raise BadRequestError(f"{arg('repeats', str(self.repeats))} must be at least 1")
         if self.jobs < 1:
-            raise BadRequestError(f"--jobs {self.jobs} must be at least 1")
+            raise BadRequestError(f"{arg('jobs', str(self.jobs))} must be at least 1")
 
 
 class _Bench:

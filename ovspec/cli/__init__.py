@@ -16,6 +16,27 @@ import click
 from ovspec.errors import OvspecError
 from ovspec.version import __version__
 
+# Library arguments whose command-line option is not their kebab-case name.
+CLI_OPTIONS: dict[str, str] = {
+    "properties": "--config",
+    "root": "--cache-dir",
+    "store": "--cache-dir",
+    "prefill_chunk_tokens": "--chunk",
+    "chunk_tokens": "--chunk",
+    "forced_ids": "--ids",
+    "prompt_ids": "--ids",
+    "steps": "--measure-steps",
+    "decode_s_per_token": "--decode-ms",
+    "timeout_s": "--run-timeout",
+    "pythonpath": "--a-pythonpath/--b-pythonpath",
+    "libs": "--a-libs/--b-libs",
+}
+
+
+def error_text(exc: OvspecError) -> str:
+    """An ovspec error as a command-line user reads it (options, not Python arguments)."""
+    return exc.cli_message(CLI_OPTIONS)
+
 
 def _fail(message: str, exit_code: int) -> NoReturn:
     click.echo(f"ovspec: error: {message}", err=True)
@@ -45,14 +66,14 @@ class OvspecGroup(click.Group):
         except click.Abort:
             _fail("aborted", 1)
         except OvspecError as exc:
-            _fail(str(exc), exc.exit_code)
+            _fail(error_text(exc), exc.exit_code)
         sys.exit(result if isinstance(result, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except OvspecError as exc:
-            _fail(str(exc), exc.exit_code)
+            _fail(error_text(exc), exc.exit_code)
 
 
 @click.group(cls=OvspecGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ovspec.cli import error_text
 from ovspec.errors import OvspecError
 from ovspec.ir.compression import Compression
 from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
@@ -31,7 +32,7 @@ class LadderType(click.ParamType[Ladder, Any]):
         try:
             return Ladder.parse(str(value))
         except OvspecError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(error_text(exc), param, ctx)
 
 
 class CompressionType(click.ParamType[Compression, Any]):
@@ -43,7 +44,7 @@ class CompressionType(click.ParamType[Compression, Any]):
         try:
             return Compression.parse(str(value))
         except OvspecError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(error_text(exc), param, ctx)
 
 
 class KeyValueType(click.ParamType[tuple[str, str], Any]):

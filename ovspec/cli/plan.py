@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ovspec.cli import cli
+from ovspec.cli import cli, error_text
 from ovspec.cli.options import (
     blob_mode_option,
     cache_dir_option,
@@ -44,7 +44,7 @@ class RungValuesType(click.ParamType[RungValues, Any]):
         try:
             return RungValues.parse(str(value), flag)
         except OvspecError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(error_text(exc), param, ctx)
 
 
 RUNG_VALUES = RungValuesType()

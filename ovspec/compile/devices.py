@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import openvino as ov
 
-from ovspec.errors import DeviceError
+from ovspec.errors import DeviceError, arg
 from ovspec.store.keys import canonical_mapping
 
 # Read-only properties that identify what compiles the blob. Each is read only if the
@@ -92,7 +92,8 @@ def resolve_device(core: ov.Core, device: str, properties: Mapping[str, str]) ->
         if family == "NPU":
             hint = (
                 "; offline NPU compiles need the NPU plugin compiler library (not in the pip "
-                "wheel) and --config NPU_PLATFORM=<e.g. 4000> --config NPU_COMPILER_TYPE=PLUGIN"
+                f"wheel) and {arg('properties', 'NPU_PLATFORM=4000')} (your platform) with "
+                f"{arg('properties', 'NPU_COMPILER_TYPE=PLUGIN')}"
             )
         raise DeviceError(
             f"device {device!r} is not available here (available: {', '.join(available)}){hint}"

@@ -16,7 +16,7 @@ import openvino as ov
 
 from ovspec.compile.compiler import NO_PATCH, BlobMode, BuildOutcome, Compiler, prepare_model
 from ovspec.compile.devices import resolve_device
-from ovspec.errors import BadRequestError
+from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.specialize import DynamicLLM, Phase, Specialization, prefill_specialization
@@ -41,11 +41,13 @@ class BuildPlan:
 
     def __post_init__(self) -> None:
         if not self.phases:
-            raise BadRequestError("no phases to build; give --phases decode,prefill")
+            raise BadRequestError(f"no phases to build; give {arg('phases', 'decode,prefill')}")
         if self.jobs < 1:
-            raise BadRequestError(f"--jobs {self.jobs} must be at least 1")
+            raise BadRequestError(f"{arg('jobs', str(self.jobs))} must be at least 1")
         if self.chunk_tokens < 1:
-            raise BadRequestError(f"--chunk {self.chunk_tokens} must be at least 1")
+            raise BadRequestError(
+                f"{arg('chunk_tokens', str(self.chunk_tokens))} must be at least 1"
+            )
         self.ladder.check_fits(self.model.max_position_embeddings)
 
     def specializations(self) -> list[Specialization]:
@@ -94,7 +96,7 @@ def parse_phases(text: str) -> tuple[Phase, ...]:
             phase = Phase(part)
         except ValueError:
             raise BadRequestError(
-                f"unknown phase {part!r} in --phases; choose decode, prefill or both"
+                f"unknown phase {part!r} in {arg('phases')}; choose decode, prefill or both"
             ) from None
         if phase not in phases:
             phases.append(phase)

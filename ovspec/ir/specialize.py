@@ -13,7 +13,7 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovspec.errors import ModelError, openvino_message
+from ovspec.errors import ModelError, arg, openvino_message
 from ovspec.ir.roles import ModelRoles, discover_roles
 
 # Bump when prepare() or specialize() would make a different graph from the same IR
@@ -49,7 +49,7 @@ class Specialization:
         if self.chunk_tokens <= 0 or self.chunk_tokens > self.capacity_tokens:
             raise ModelError(
                 f"prefill chunk {self.chunk_tokens} must be between 1 and the capacity "
-                f"{self.capacity_tokens}; lower --chunk"
+                f"{self.capacity_tokens}; lower {arg('chunk_tokens')}"
             )
 
     @classmethod

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ovspec.errors import BadRequestError
+from ovspec.errors import BadRequestError, arg
 from ovspec.ladder import Ladder
 from ovspec.runtime.plan import RungCosts
 
@@ -88,7 +88,8 @@ def history(
         raise BadRequestError(
             f"no compile history for {', '.join(f'decode@{r}' for r in missing)} in the "
             f"store {compiler.store.root} for this model, device and properties; run "
-            "`ovspec build` with this ladder first, or give --compile-s (or --measure)"
+            f"`ovspec build` with this ladder first, or give {arg('compile_s')} (or "
+            f"{arg('measure')})"
         )
     return History(
         decode={s.capacity_tokens: found[s] for s in decode_specs if s in found},
@@ -152,7 +153,7 @@ def measure(
     from ovspec.runtime.session import DecodeSession
 
     if steps < 1:
-        raise BadRequestError(f"--measure-steps {steps} must be at least 1")
+        raise BadRequestError(f"{arg('steps', str(steps))} must be at least 1")
     say = on_progress or (lambda _message: None)
     roles = loader.compiler.llm().roles
     chunk = loader.prefill_chunk_tokens or 1

@@ -17,7 +17,7 @@ import numpy as np
 
 from ovspec.compile.compiler import BlobMode, Compiler
 from ovspec.compile.devices import device_family
-from ovspec.errors import BadRequestError
+from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import resolve_model
 from ovspec.ladder import Ladder
@@ -143,7 +143,7 @@ def decode(
         raise BadRequestError(
             f"{len(prompt_ids)} prompt tokens and {fed} fed-back tokens need "
             f"{len(prompt_ids) + fed} KV positions, over the top rung {ladder.top_tokens}; "
-            "extend --ladder or lower --max-new-tokens"
+            f"extend {arg('ladder')} or lower {arg('max_new_tokens')}"
         )
     origin = loader.origin_s
     if kv_layout is KVLayout.SHARED_MAX:

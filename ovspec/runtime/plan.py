@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ovspec.errors import BadRequestError
+from ovspec.errors import BadRequestError, arg
 from ovspec.ladder import Ladder
 from ovspec.runtime.schedule import EarlyStartRule, WindowPlan, successors_to_start
 
@@ -277,14 +277,14 @@ class Plan:
 def rungs_needed(ladder: Ladder, prompt_tokens: int, new_tokens: int) -> tuple[int, ...]:
     """The rungs a request uses, first to last (raises for one that does not fit)."""
     if prompt_tokens < 1:
-        raise BadRequestError(f"--prompt-tokens {prompt_tokens} must be at least 1")
+        raise BadRequestError(f"{arg('prompt_tokens', str(prompt_tokens))} must be at least 1")
     if new_tokens < 0:
-        raise BadRequestError(f"--new-tokens {new_tokens} must not be negative")
+        raise BadRequestError(f"{arg('new_tokens', str(new_tokens))} must not be negative")
     if prompt_tokens + new_tokens > ladder.top_tokens:
         raise BadRequestError(
             f"{prompt_tokens} prompt tokens and {new_tokens} new tokens need "
             f"{prompt_tokens + new_tokens} KV positions, over the top rung {ladder.top_tokens}; "
-            "extend --ladder or lower --new-tokens"
+            f"extend {arg('ladder')} or lower {arg('new_tokens')}"
         )
     first = ladder.rung_for(prompt_tokens)
     last = ladder.rung_for(prompt_tokens + new_tokens)
@@ -327,13 +327,13 @@ def plan_one_ahead(
     if missing_compile:
         raise BadRequestError(
             f"no compile time for rung {', '.join(map(str, missing_compile))}; "
-            "build it (ovspec build) or give --compile-s"
+            f"build it (ovspec build) or give {arg('compile_s')}"
         )
     missing_decode = [r for r in used if r not in costs.decode_s_per_token]
     if missing_decode:
         raise BadRequestError(
             f"no decode rate for rung {', '.join(map(str, missing_decode))}; "
-            "give --decode-ms or --measure"
+            f"give {arg('decode_s_per_token')} or {arg('measure')}"
         )
     windows = rung_windows(ladder, prompt_tokens, costs)
     active_rule = rule if early_start else None

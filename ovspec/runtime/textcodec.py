@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from ovspec.errors import BadRequestError, ModelError, openvino_message
+from ovspec.errors import BadRequestError, ModelError, arg, openvino_message
 from ovspec.ir.model_dir import DETOKENIZER_XML_NAME, TOKENIZER_XML_NAME, ModelDir
 
 GENERATION_CONFIG_NAME = "generation_config.json"
@@ -79,8 +79,8 @@ class TextCodec:
         """Token ids of ``text`` as the exported tokenizer makes them (its own special tokens)."""
         if self._encoder is None:
             raise BadRequestError(
-                f"{self.model_label} has no {TOKENIZER_XML_NAME}; pass --ids with token ids "
-                "instead of a text prompt"
+                f"{self.model_label} has no {TOKENIZER_XML_NAME}; pass {arg('prompt_ids')} "
+                "with token ids instead of a text prompt"
             )
         try:
             self._encoder.infer([ov.Tensor(np.array([text]))])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import platformdirs
 
-from ovspec.errors import StoreError
+from ovspec.errors import StoreError, arg
 
 # History: 1 — first layout (2026-11): diskcache index, blobs/<hex[:2]>/ with JSON
 # sidecars, tmp/, quarantine/, locks/.
@@ -127,7 +127,7 @@ class StoreLayout:
             if foreign:
                 raise StoreError(
                     f"folder {self.root} is not an ovspec store (no FORMAT file) and holds "
-                    f"{', '.join(foreign[:3])}; pass an empty or new --cache-dir"
+                    f"{', '.join(foreign[:3])}; pass an empty or new {arg('root')}"
                 )
             tmp = self.root / f".FORMAT.{os.getpid()}.{secrets.token_hex(4)}"
             tmp.write_text(f"{FORMAT_MAGIC} {STORE_FORMAT_VERSION}\n", encoding="utf-8")
@@ -139,12 +139,12 @@ class StoreLayout:
         if magic != FORMAT_MAGIC or not version.isdigit():
             raise StoreError(
                 f"folder {self.root} is not an ovspec store (FORMAT says {text[:40]!r}); "
-                "pass another --cache-dir"
+                f"pass another {arg('root')}"
             )
         if int(version) != STORE_FORMAT_VERSION:
             newer = "a newer" if int(version) > STORE_FORMAT_VERSION else "an older"
             raise StoreError(
                 f"cache folder {self.root} has store format {version}, written by {newer} "
                 f"ovspec; this one reads format {STORE_FORMAT_VERSION}; "
-                "pass another --cache-dir or use a matching ovspec"
+                f"pass another {arg('root')} or use a matching ovspec"
             )

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ovspec.errors import StoreError
+from ovspec.errors import StoreError, arg
 from ovspec.store import maintenance, publish
 from ovspec.store.files import EntryFiles, Verdict, verify
 from ovspec.store.index import (
@@ -108,14 +108,14 @@ class Store:
         except OSError as exc:
             raise StoreError(
                 f"cache folder {layout.root} is not writable ({exc.strerror or exc}); "
-                f"pass --cache-dir or set {ENV_ROOT}"
+                f"pass {arg('root')} or set {ENV_ROOT}"
             ) from exc
         try:
             self.index = Index(str(layout.index))
         except _IO_ERRORS as exc:
             raise StoreError(
                 f"cache folder {layout.root}: its index cannot be opened ({exc}); "
-                f"pass --cache-dir or set {ENV_ROOT}"
+                f"pass {arg('root')} or set {ENV_ROOT}"
             ) from exc
         self.files = EntryFiles(layout)
         if size_limit_bytes is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ovspec.errors import BadRequestError
+from ovspec.errors import BadRequestError, arg
 from ovspec.stats.orders import Arm
 
 if sys.version_info >= (3, 11):
@@ -79,8 +79,8 @@ class ArmSpec:
                 raise BadRequestError(f"{who} environment variable name {key!r} is not valid")
             if key in RESERVED_ENV:
                 raise BadRequestError(
-                    f"{who} sets {key} through env; give folders with pythonpath/libs "
-                    "(--a-pythonpath/--a-libs) instead, the harness composes that variable"
+                    f"{who} sets {key} through env; give folders with {arg('pythonpath')} and "
+                    f"{arg('libs')} instead, the harness composes that variable"
                 )
         for key, value in self.properties:
             if not key.strip() or not value.strip():

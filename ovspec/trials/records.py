@@ -22,7 +22,7 @@ import xxhash
 from ovspec.compile.worker import (
     WORKER_FORMAT_VERSION,
 )
-from ovspec.errors import BadRequestError, TrialError
+from ovspec.errors import BadRequestError, TrialError, arg
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
@@ -102,10 +102,11 @@ class TrialPlan:
     def __post_init__(self) -> None:
         if isinstance(self.pairs, bool) or not isinstance(self.pairs, int) or self.pairs < 2:
             raise BadRequestError(
-                f"--pairs {self.pairs} is too few: a paired CI needs at least 2 measured pairs"
+                f"{arg('pairs', str(self.pairs))} is too few: a paired CI needs at least 2 "
+                "measured pairs"
             )
         if not self.specializations:
-            raise BadRequestError("a trial needs at least one rung; give --rungs")
+            raise BadRequestError(f"a trial needs at least one rung; give {arg('rungs')}")
         labels = [s.label for s in self.specializations]
         if len(set(labels)) != len(labels):
             raise BadRequestError(f"rungs repeat: {', '.join(labels)}")
@@ -114,7 +115,7 @@ class TrialPlan:
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise BadRequestError(f"run timeout {self.timeout_s!r} s must be positive")
         if not self.device.strip():
-            raise BadRequestError("the device is empty; give e.g. --device CPU")
+            raise BadRequestError(f"the device is empty; give e.g. {arg('device', 'CPU')}")
 
     def arm(self, arm: Arm) -> ArmSpec:
         return self.arm_a if arm is Arm.A else self.arm_b
@@ -294,7 +295,7 @@ class EnvironmentGuard:
                 f"arm {record.arm.value} run (pair {record.pair}, {record.spec_label}) ran in a "
                 f"different environment than its run at pair {reference.pair}, "
                 f"{reference.spec_label}: {diff}; runs from different environments are not "
-                "averaged: restore the environment or start a new trial with another --out"
+                f"averaged: restore the environment or start a new trial with another {arg('out')}"
             )
 
     def _check_shared(self, record: RunRecord, other: RunRecord) -> None:
@@ -376,7 +377,7 @@ class ResultsFile:
         diff = _first_difference(recorded, self._identity) or "?"
         raise TrialError(
             f"results file {self.path} was made by a different trial ({diff}); use another "
-            "--out, or the same arguments to continue it"
+            f"{arg('out')}, or the same arguments to continue it"
         )
 
     def _truncate(self, size: int) -> None:

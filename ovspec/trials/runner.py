@@ -19,7 +19,7 @@ from ovspec.compile.worker import (
     WORKER_MODULE,
     WorkerRequest,
 )
-from ovspec.errors import BadRequestError, TrialError
+from ovspec.errors import BadRequestError, TrialError, arg
 from ovspec.trials.records import (
     EnvironmentGuard,
     PlannedRun,
@@ -101,7 +101,7 @@ def _run_worker(
     except subprocess.TimeoutExpired as exc:
         raise TrialError(
             f"{who} compile of {planned.spec.label} (pair {planned.pair}) took longer than "
-            f"the run timeout {plan.timeout_s:g} s; raise --run-timeout"
+            f"the run timeout {plan.timeout_s:g} s; raise {arg('timeout_s')}"
         ) from exc
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     result: Any = None
@@ -139,7 +139,7 @@ def run_trial(
     is recorded, with a ``TrialError`` naming the field.
     """
     if max_runs is not None and max_runs < 1:
-        raise BadRequestError(f"--max-runs {max_runs} must be at least 1")
+        raise BadRequestError(f"{arg('max_runs', str(max_runs))} must be at least 1")
     results = ResultsFile(results_path, plan.header(), plan.identity())
     records = results.load()
     guard = EnvironmentGuard()

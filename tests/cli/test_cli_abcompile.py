@@ -56,7 +56,7 @@ def test_help_lists_the_options() -> None:
         (["--config", "CACHE_DIR=/tmp/c"], "never cache loads"),
         (["--b-config", "NOVALUE"], "is not KEY=VALUE"),
         (["--b-python", "/no/such/python"], "not an executable file"),
-        (["--a-env", "PYTHONPATH=/x"], "pythonpath/libs"),
+        (["--a-env", "PYTHONPATH=/x"], "--a-pythonpath/--b-pythonpath and --a-libs/--b-libs"),
         (["--arms", "{tmp}/arms.toml", "--a-label", "x"], "not both"),
         (["--arms", "{tmp}/missing.toml"], "cannot read arms file"),
         (["--rungs", "65536"], "max_position_embeddings"),

@@ -232,9 +232,10 @@ def test_a_short_request_plans_only_the_rungs_it_reaches() -> None:
 @pytest.mark.parametrize(
     ("prompt", "new", "match"),
     [
-        (0, 10, "--prompt-tokens 0 must be at least 1"),
+        # Library errors name the Python argument (the CLI prints --prompt-tokens).
+        (0, 10, "prompt_tokens=0 must be at least 1"),
         (128, -1, "must not be negative"),
-        (128, 8 * K, "over the top rung 8192; extend --ladder or lower --new-tokens"),
+        (128, 8 * K, "over the top rung 8192; extend ladder= or lower new_tokens="),
     ],
 )
 def test_requests_that_do_not_fit_are_refused(prompt: int, new: int, match: str) -> None:

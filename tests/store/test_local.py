@@ -483,7 +483,7 @@ def test_unwritable_temp_folder_fails_open(store: Store, monkeypatch: pytest.Mon
 def test_root_that_cannot_be_created_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(StoreError, match=r"is not writable .*--cache-dir.*OVSPEC_CACHE_DIR"):
+    with pytest.raises(StoreError, match=r"is not writable .*root=.*OVSPEC_CACHE_DIR"):
         Store(blocker / "store")
 
 

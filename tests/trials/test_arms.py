@@ -41,8 +41,8 @@ def test_make_arm_merges_common_properties_arm_wins_and_canonicalizes() -> None:
     [
         ({"properties": [("CACHE_DIR", "/tmp/x")]}, "never cache loads"),
         ({"common_properties": [("cache_dir", "/tmp/x")]}, "never cache loads"),
-        ({"env": [("LD_LIBRARY_PATH", "/x")]}, "pythonpath/libs"),
-        ({"env": [("PYTHONPATH", "/x")]}, "pythonpath/libs"),
+        ({"env": [("LD_LIBRARY_PATH", "/x")]}, "pythonpath= and libs="),
+        ({"env": [("PYTHONPATH", "/x")]}, "pythonpath= and libs="),
         ({"env": [("1BAD", "x")]}, "not valid"),
         ({"python": "/no/such/python"}, "not an executable file"),
         ({"pythonpath": ["/no/such/folder"]}, "does not exist"),

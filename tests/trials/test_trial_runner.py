@@ -198,7 +198,7 @@ def test_a_file_from_another_trial_is_refused(neutral: NeutralTrial) -> None:
     with pytest.raises(TrialError, match=r"made by a different trial \(seed: 0 vs 7\)"):
         run_trial(replace(neutral.plan, seed=7), neutral.path)
     other_arm = replace(neutral.plan, arm_b=make_arm(Arm.B, properties=[("PERF_COUNT", "YES")]))
-    with pytest.raises(TrialError, match="use another --out"):
+    with pytest.raises(TrialError, match="use another out="):
         run_trial(other_arm, neutral.path)
     assert neutral.path.read_bytes() == before
 
