@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -19,8 +22,12 @@ from ovspec.cli.options import (
     phases_option,
     progress,
 )
+from ovspec.cli.units import human_bytes
 from ovspec.ir.compression import Compression
 from ovspec.ladder import Ladder
+
+if TYPE_CHECKING:
+    from ovspec.compile.compiler import BuildOutcome
 
 
 @cli.command()
@@ -55,10 +62,20 @@ def build(
 ) -> None:
     """Compile MODEL's specializations into the store (MODEL: folder or builtin:PRESET).
 
-    A second run with the same arguments is all hits and compiles nothing.
+    A second run with the same arguments is all hits and compiles nothing (it does not
+    even read or compress the model). Rows print as each specialization lands; the
+    summary's wall time is the whole command's.
     """
+    started = time.perf_counter()
     from ovspec.compile.compiler import BlobMode
-    from ovspec.compile.prewarm import BuildPlan, check_device, check_model, parse_phases, run_build
+    from ovspec.compile.prewarm import (
+        BuildPlan,
+        all_stored,
+        check_device,
+        check_model,
+        parse_phases,
+        run_build,
+    )
     from ovspec.ir.model_dir import BUILTIN_PREFIX, resolve_model
     from ovspec.store.local import Store
 
@@ -79,14 +96,36 @@ def build(
         blob_mode=BlobMode(blob_mode),
     )
     check_device(plan)
-    llm = check_model(plan)
+    if store is None and (root / "FORMAT").is_file():
+        store = Store(root)
+    # Preparing the model (reading, compressing, stateless) validates it, and costs
+    # seconds on a large model: skip it when every specialization is stored already.
+    llm = None if store is not None and all_stored(plan, store) else check_model(plan)
     store = store or Store(root)
     specs = plan.specializations()
+    if not as_json:
+        click.echo(f"model  {model_dir.root}")
+        click.echo(f"store  {root}   device {device}   ladder {ladder}")
+        click.echo(f"{'specialization':<22} {'key':<14} {'':<5} {'compile s':>10} {'blob':>12}")
+
+    def landed(o: BuildOutcome) -> None:
+        if as_json:
+            return
+        click.echo(
+            f"{o.spec.label:<22} {o.key_hex[:12]:<14} {'hit' if o.hit else 'miss':<5} "
+            f"{o.compile_s:>10.3f} {human_bytes(o.blob_bytes):>12}"
+        )
+        sys.stdout.flush()  # a row per specialization as it lands, also through a pipe
+
     try:
-        with progress(len(specs), f"building {len(specs)} specializations") as advance:
-            report = run_build(plan, store, on_outcome=lambda _: advance(1), llm=llm)
+        if as_json:
+            with progress(len(specs), f"building {len(specs)} specializations") as advance:
+                report = run_build(plan, store, on_outcome=lambda _: advance(1), llm=llm)
+        else:
+            report = run_build(plan, store, on_outcome=landed, llm=llm)
     finally:
         store.close()
+    wall_s = time.perf_counter() - started
 
     if as_json:
         emit_json(
@@ -116,21 +155,14 @@ def build(
                     "compile_s": round(report.compile_s, 6),
                     "saved_s": round(report.saved_s, 6),
                     "blob_bytes": report.blob_bytes,
-                    "wall_s": round(report.wall_s, 6),
+                    "build_s": round(report.wall_s, 6),
+                    "wall_s": round(wall_s, 6),
                 },
             }
         )
         return
-    click.echo(f"model  {model_dir.root}")
-    click.echo(f"store  {root}   device {device}   ladder {ladder}")
-    click.echo(f"{'specialization':<22} {'key':<14} {'':<5} {'compile s':>10} {'blob bytes':>14}")
-    for o in report.outcomes:
-        click.echo(
-            f"{o.spec.label:<22} {o.key_hex[:12]:<14} {'hit' if o.hit else 'miss':<5} "
-            f"{o.compile_s:>10.3f} {o.blob_bytes:>14,}"
-        )
     click.echo(
         f"{report.hits} hits, {report.misses} misses; compiled {report.compile_s:.2f} s, "
-        f"saved {report.saved_s:.2f} s; {report.blob_bytes:,} blob bytes; "
-        f"wall {report.wall_s:.2f} s"
+        f"saved {report.saved_s:.2f} s; {human_bytes(report.blob_bytes)} of blobs; "
+        f"wall {wall_s:.2f} s (building {report.wall_s:.2f} s)"
     )

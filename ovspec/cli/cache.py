@@ -1,12 +1,13 @@
 """``ovspec cache``: list, count, check, trim and compare the entries of the blob store.
 
-A thin layer over ``ovspec.store.Store``; every subcommand opens the store strict,
-so storage failures surface as ``StoreError`` (one line, exit 2).
+A thin layer over ``ovspec.store.Store``; every subcommand opens the store strict, so
+storage failures surface as ``StoreError`` (one line, exit 2). Commands that only
+read (``ls``, ``stats``, ``check`` without ``--fix``, ``explain``) never create a store:
+a mistyped folder is "no ovspec store at ...", not a new empty store.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,6 +16,10 @@ from typing import TypeVar
 import click
 
 from ovspec.cli import cli
+from ovspec.cli.options import emit_json
+from ovspec.cli.units import SIZE, human_bytes, plural
+from ovspec.errors import StoreError
+from ovspec.ir.specialize import Specialization
 from ovspec.store.keys import explain as explain_keys
 from ovspec.store.local import Store, StoreEntry
 
@@ -39,21 +44,9 @@ def _json_option(f: _F) -> _F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
 
 
-def _open(cache_dir: Path | None) -> Store:
-    return Store(cache_dir if cache_dir is not None else Store.default_root(), strict=True)
-
-
-def _echo_json(value: object) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=False))
-
-
-def _human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
+def _open(cache_dir: Path | None, *, create: bool = False) -> Store:
+    root = cache_dir if cache_dir is not None else Store.default_root()
+    return Store(root, strict=True, create=create)
 
 
 def _when(unix_s: float) -> str:
@@ -77,6 +70,31 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
     return [line(header), *(line(r) for r in rows)]
 
 
+def spec_label(entry: StoreEntry) -> str:
+    """``decode@1024`` / ``prefill@1024x128``, as ``ovspec build`` prints it."""
+    label = entry.metadata.get("specialization", "")
+    if label:
+        return label
+    text = entry.values().get("specialization", "")
+    try:
+        return Specialization.from_canonical(text).label
+    except ValueError:
+        return text
+
+
+def model_label(entry: StoreEntry, store_root: Path) -> str:
+    """The model an entry was built from: ``builtin:tiny`` for a model the store wrote,
+    else the folder's name."""
+    recorded = entry.metadata.get("model", "")
+    if not recorded:
+        return "?"
+    path = Path(recorded)
+    if path.parent == store_root / "models":
+        preset, _, _digest = path.name.rpartition("-")
+        return f"builtin:{preset}" if preset else path.name
+    return path.name
+
+
 @cli.group()
 def cache() -> None:
     """Inspect and maintain the blob store."""
@@ -90,7 +108,16 @@ def ls(cache_dir: Path | None, as_json: bool) -> None:
     with _open(cache_dir) as store:
         entries = store.entries()
         if as_json:
-            _echo_json([e.to_json() for e in entries])
+            emit_json(
+                [
+                    {
+                        **e.to_json(),
+                        "label": spec_label(e),
+                        "model_label": model_label(e, store.root),
+                    }
+                    for e in entries
+                ]
+            )
             return
         if not entries:
             click.echo(f"no entries in {store.root}")
@@ -98,16 +125,17 @@ def ls(cache_dir: Path | None, as_json: bool) -> None:
         rows = [
             [
                 e.hex[:_HEX_SHOWN],
-                _cell(e.values().get("specialization", "")),
+                _cell(spec_label(e)),
+                _cell(model_label(e, store.root)),
                 _cell(e.values().get("device", "")),
-                _human_bytes(e.size_bytes),
+                human_bytes(e.size_bytes),
                 f"{e.compile_s:.2f}",
                 _when(e.accessed_unix_s),
             ]
             for e in entries
         ]
-        header = ["KEY", "SPECIALIZATION", "DEVICE", "SIZE", "COMPILE S", "LAST ACCESS"]
-        for text in _table(header, rows, right={3, 4}):
+        header = ["KEY", "SPECIALIZATION", "MODEL", "DEVICE", "SIZE", "COMPILE S", "LAST USED"]
+        for text in _table(header, rows, right={4, 5}):
             click.echo(text)
 
 
@@ -115,11 +143,12 @@ def ls(cache_dir: Path | None, as_json: bool) -> None:
 @_cache_dir_option
 @_json_option
 def stats(cache_dir: Path | None, as_json: bool) -> None:
-    """Hits, misses, compile seconds saved, bytes stored, evictions."""
+    """Hits, misses, compile seconds saved, bytes on disk, evictions."""
     with _open(cache_dir) as store:
         s = store.stats()
+        used = store.usage()
         if as_json:
-            _echo_json({"root": str(store.root), **s.to_json()})
+            emit_json({"root": str(store.root), **s.to_json(), "disk": used.to_json()})
             return
         lookups = s.hits + s.misses
         rate = f"{100 * s.hits / lookups:.1f}%" if lookups else "n/a"
@@ -127,9 +156,13 @@ def stats(cache_dir: Path | None, as_json: bool) -> None:
             ("store", str(store.root)),
             ("entries", str(s.entries)),
             (
-                "stored",
-                f"{_human_bytes(s.stored_bytes)} of a {_human_bytes(s.size_limit_bytes)} limit",
+                "blobs",
+                f"{human_bytes(s.stored_bytes)} of a {human_bytes(s.size_limit_bytes)} limit",
             ),
+            ("models", human_bytes(used.models_bytes)),
+            ("index", human_bytes(used.index_bytes)),
+            ("other", human_bytes(used.other_bytes) + " (quarantine, temps, locks)"),
+            ("on disk", human_bytes(used.total_bytes)),
             ("hits", str(s.hits)),
             ("misses", str(s.misses)),
             ("hit rate", rate),
@@ -152,21 +185,23 @@ def check(ctx: click.Context, cache_dir: Path | None, fix: bool, as_json: bool) 
         found = store.check(fix=fix)
         remaining = store.check() if fix and found else found
         if as_json:
-            _echo_json(
+            emit_json(
                 {"root": str(store.root), "found": found, "fixed": fix, "remaining": remaining}
             )
         elif not found:
             n = len(store.entries())
-            click.echo(f"store OK: {n} entries in {store.root}")
+            click.echo(f"store OK: {plural(n, 'entry', 'entries')} in {store.root}")
         else:
             for problem in found:
                 click.echo(f"{'fixed' if fix else 'problem'}: {problem}")
             for problem in remaining if fix else []:
                 click.echo(f"still wrong: {problem}")
             if not remaining:
-                click.echo(f"store OK after {len(found)} repairs")
+                click.echo(f"store OK after {plural(len(found), 'repair')}")
             elif not fix:
-                click.echo(f"{len(found)} problems; run `ovspec cache check --fix` to repair")
+                click.echo(
+                    f"{plural(len(found), 'problem')}; run `ovspec cache check --fix` to repair"
+                )
     if remaining:
         ctx.exit(1)
 
@@ -174,52 +209,114 @@ def check(ctx: click.Context, cache_dir: Path | None, fix: bool, as_json: bool) 
 @cache.command()
 @_cache_dir_option
 @click.option(
-    "--size-limit-bytes",
-    type=click.IntRange(min=1),
+    "--size-limit",
+    "size_limit_bytes",
+    type=SIZE,
     default=None,
-    help="Set (and persist) a new size limit before collecting.",
+    help="Set (and persist) a new size limit for blobs before collecting: 10G, 512M, bytes.",
 )
-def gc(cache_dir: Path | None, size_limit_bytes: int | None) -> None:
-    """Evict least-recently-used blobs down to the size limit; remove stale temps."""
+@_json_option
+def gc(cache_dir: Path | None, size_limit_bytes: int | None, as_json: bool) -> None:
+    """Evict least-recently-used blobs down to the size limit; remove stale temps, idle
+    locks, old quarantine and model folders unused for a week."""
     with _open(cache_dir) as store:
         if size_limit_bytes is not None:
             store.set_size_limit(size_limit_bytes)
         report = store.gc()
+        if as_json:
+            emit_json(
+                {"root": str(store.root), "size_limit_bytes": store.size_limit_bytes}
+                | report.to_json()
+            )
+            return
         for problem in report.repaired:
             click.echo(f"repaired: {problem}")
         click.echo(
-            f"evicted {report.evicted_entries} entries ({_human_bytes(report.freed_bytes)}), "
-            f"removed {report.locks_removed} idle lock files and "
-            f"{report.quarantine_purged} old quarantined files"
+            f"evicted {plural(report.evicted_entries, 'entry', 'entries')} "
+            f"({human_bytes(report.freed_bytes)}), removed "
+            f"{plural(report.locks_removed, 'idle lock file')}, "
+            f"{plural(report.quarantine_purged, 'old quarantined file')} and "
+            f"{plural(report.models_removed, 'unused model folder')}"
         )
 
 
 @cache.command()
 @_cache_dir_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def clear(cache_dir: Path | None, yes: bool) -> None:
-    """Remove every blob and reset the statistics (keeps the size limit)."""
+@_json_option
+def clear(cache_dir: Path | None, yes: bool, as_json: bool) -> None:
+    """Remove every blob, written model and memo, and reset the statistics (keeps the
+    size limit). Asks first unless --yes; answering no changes nothing."""
     with _open(cache_dir) as store:
         n = len(store.entries())
-        if not yes:
-            click.confirm(f"remove all {n} entries from {store.root}?", abort=True)
+        before = store.usage().total_bytes
+        if not yes and not click.confirm(
+            f"remove all {plural(n, 'entry', 'entries')} and written models from {store.root}?",
+            err=True,
+        ):
+            if as_json:
+                emit_json({"root": str(store.root), "cleared": False, "removed_entries": 0})
+            else:
+                click.echo(f"left {store.root} as it was")
+            return
         removed = store.clear()
-        click.echo(f"removed {removed} entries from {store.root}")
+        freed = before - store.usage().total_bytes
+        if as_json:
+            emit_json(
+                {
+                    "root": str(store.root),
+                    "cleared": True,
+                    "removed_entries": removed,
+                    "freed_bytes": freed,
+                }
+            )
+            return
+        click.echo(
+            f"removed {plural(removed, 'entry', 'entries')} ({human_bytes(freed)}) "
+            f"from {store.root}"
+        )
+
+
+def _resolve(store: Store, reference: str, model: str | None) -> StoreEntry:
+    """An entry by hex prefix, or by specialization label (``decode@1024``), narrowed by
+    the model's name when several models have one."""
+    if "@" not in reference:
+        return store.find(reference)
+    matches = [e for e in store.entries() if spec_label(e) == reference]
+    if model is not None:
+        matches = [
+            e for e in matches if model in (model_label(e, store.root), e.metadata.get("model"))
+        ]
+    if not matches:
+        raise StoreError(f"no entry is {reference!r}; see `ovspec cache ls`")
+    if len(matches) > 1:
+        shown = ", ".join(
+            f"{e.hex[:_HEX_SHOWN]} ({model_label(e, store.root)})" for e in matches[:4]
+        )
+        raise StoreError(
+            f"{len(matches)} entries are {reference!r}: {shown}; give a key prefix or --model"
+        )
+    return matches[0]
 
 
 @cache.command()
 @_cache_dir_option
 @click.argument("a")
 @click.argument("b")
+@click.option("--model", default=None, help="Pick labels of this model (as `cache ls` names it).")
 @_json_option
-def explain(cache_dir: Path | None, a: str, b: str, as_json: bool) -> None:
-    """Name the key components that differ between entries A and B (hex prefixes)."""
+def explain(cache_dir: Path | None, a: str, b: str, model: str | None, as_json: bool) -> None:
+    """Name the key components that differ between entries A and B.
+
+    A and B are key prefixes (from `ovspec cache ls`) or specialization labels such as
+    decode@1024 (with --model when several models have one).
+    """
     with _open(cache_dir) as store:
-        entry_a: StoreEntry = store.find(a)
-        entry_b: StoreEntry = store.find(b)
+        entry_a = _resolve(store, a, model)
+        entry_b = _resolve(store, b, model)
     diffs = explain_keys(entry_a.values(), entry_b.values())
     if as_json:
-        _echo_json(
+        emit_json(
             {
                 "a": entry_a.hex,
                 "b": entry_b.hex,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import openvino as ov
 
-from ovspec.errors import DeviceError, arg
+from ovspec.errors import DeviceError, arg, openvino_message
 from ovspec.store.keys import canonical_mapping
 
 # Read-only properties that identify what compiles the blob. Each is read only if the
@@ -98,7 +98,33 @@ def resolve_device(core: ov.Core, device: str, properties: Mapping[str, str]) ->
         raise DeviceError(
             f"device {device!r} is not available here (available: {', '.join(available)}){hint}"
         )
+    validate_properties(core, device, properties)
     return DeviceFacts(device, tuple(sorted(_read_identity(core, device).items())), offline=False)
+
+
+# Properties a probe compile must not be given: they act outside the compiled model
+# (CACHE_DIR creates a folder and writes a blob there).
+_NOT_PROBED = frozenset({"CACHE_DIR"})
+
+
+def validate_properties(core: ov.Core, device: str, properties: Mapping[str, str]) -> None:
+    """Refuse properties the device does not know, or values it does not accept, before
+    anything is compiled: a one-op probe compile with them (~50 ms on CPU) fails the way
+    the real compile or import would, but now, with exit 2 instead of a late 3."""
+    probed = {k: v for k, v in properties.items() if k.upper() not in _NOT_PROBED}
+    if not probed:
+        return
+    param = ov.opset13.parameter([1], ov.Type.f32)
+    probe = ov.Model([ov.opset13.relu(param)], [param])
+    try:
+        core.compile_model(probe, device, probed)
+    except RuntimeError as exc:
+        shown = ", ".join(f"{k}={v}" for k, v in probed.items())
+        raise DeviceError(
+            f"{device} refuses the compile properties {shown}: "
+            f"{openvino_message(exc).rstrip('.')}; "
+            f"fix or drop the {arg('properties')} in question"
+        ) from exc
 
 
 def _read_identity(core: ov.Core, device: str) -> dict[str, str]:

@@ -21,6 +21,7 @@ from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.specialize import DynamicLLM, Phase, Specialization, prefill_specialization
 from ovspec.ladder import Ladder
+from ovspec.store.digests import DigestMemo
 from ovspec.store.local import Store
 
 
@@ -111,6 +112,27 @@ def check_device(plan: BuildPlan) -> None:
 def check_model(plan: BuildPlan) -> DynamicLLM:
     """Read and prepare the model before the store is opened (a bad IR fails here)."""
     return prepare_model(plan.model, plan.compression)
+
+
+def all_stored(plan: BuildPlan, store: Store) -> bool:
+    """Whether every specialization of ``plan`` looks stored already: then a build is
+    all hits and never needs the prepared (or compressed) model. Counts nothing and
+    writes nothing: the model's files are hashed in memory (reading the on-disk digest
+    memo would update it, and bad input must leave the store as it was)."""
+    compiler = Compiler(
+        plan.model,
+        plan.device,
+        plan.properties,
+        store,
+        compression=plan.compression,
+        patch_id=plan.patch_id,
+        memo=DigestMemo(None),
+        blob_mode=plan.blob_mode,
+    )
+    try:
+        return all(store.peek(compiler.key(spec)) for spec in plan.specializations())
+    finally:
+        compiler.close()
 
 
 def run_build(

@@ -6,6 +6,7 @@ Validates the folder once and answers the questions the rest of ovspec asks of i
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,4 +125,15 @@ def resolve_model(reference: str, models_root: Path) -> ModelDir:
             # Another process may have written it first (the write is a rename).
             if not (folder / IR_XML_NAME).is_file():
                 raise
+    mark_used(folder)
     return ModelDir.open(folder)
+
+
+# The store's gc removes model folders whose marker is older than a week.
+LAST_USED_NAME = ".last-used"
+
+
+def mark_used(folder: Path) -> None:
+    """Touch the folder's last-used marker (best effort: a read-only store keeps none)."""
+    with contextlib.suppress(OSError):
+        (folder / LAST_USED_NAME).touch()

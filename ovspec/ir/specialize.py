@@ -7,6 +7,7 @@ present outputs carry only the new tokens' K/V, then a static reshape per
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -70,6 +71,17 @@ class Specialization:
     def canonical(self) -> str:
         """The text that goes into a blob key."""
         return f"{self.phase.value}:capacity={self.capacity_tokens}:chunk={self.chunk_tokens}"
+
+    @classmethod
+    def from_canonical(cls, text: str) -> Specialization:
+        """The inverse of ``canonical``; ValueError for any other text."""
+        match = re.fullmatch(r"(decode|prefill):capacity=(\d+):chunk=(\d+)", text)
+        if match is None:
+            raise ValueError(f"{text!r} is not a canonical specialization")
+        try:
+            return cls(Phase(match[1]), int(match[2]), int(match[3]))
+        except ModelError as exc:
+            raise ValueError(str(exc)) from exc
 
 
 def prefill_specialization(capacity_tokens: int, chunk_tokens: int) -> Specialization:

@@ -49,6 +49,7 @@ from ovspec.store.records import (
     ProducedBlob,
     StoreEntry,
     StoreStats,
+    StoreUsage,
     StoreWarning,
     entry_from_json,
     row_json,
@@ -90,12 +91,20 @@ class Store:
         *,
         strict: bool = False,
         size_limit_bytes: int | None = None,
+        create: bool = True,
     ) -> None:
+        """Open the store at ``root``; ``create=False`` refuses a folder that holds no
+        store yet (read-only commands must not make one in a mistyped folder)."""
         if size_limit_bytes is not None and size_limit_bytes <= 0:
             raise StoreError(f"size limit must be > 0 bytes, got {size_limit_bytes}")
         self.layout = StoreLayout(Path(root).expanduser().absolute())
         self._strict = strict
         layout = self.layout
+        if not create and not layout.format_file.is_file():
+            raise StoreError(
+                f"no ovspec store at {layout.root}; check {arg('root')}, or build one with "
+                "`ovspec build`"
+            )
         try:
             layout.root.mkdir(parents=True, exist_ok=True)
             layout.ensure_format()
@@ -213,6 +222,21 @@ class Store:
         return now
 
     # -- reads -------------------------------------------------------------------
+
+    def peek(self, key: BlobKey) -> bool:
+        """Whether ``key`` looks stored (a row naming it and a payload of its size), without
+        hashing, counting or touching anything: a cheap "would this hit?". ``lookup``
+        still verifies before anything is used."""
+        try:
+            entry = self.get_row(key.hex)
+        except (ValueError, *_IO_ERRORS):  # type: ignore[misc]
+            return False
+        if entry is None or entry.components != key.components:
+            return False
+        try:
+            return entry.path.stat().st_size == entry.size_bytes
+        except OSError:
+            return False
 
     def lookup(self, key: BlobKey) -> StoreEntry | None:
         """A verified entry for ``key``, or None (counted as a hit or a miss).
@@ -359,41 +383,9 @@ class Store:
     # -- eviction and removal ------------------------------------------------------
 
     def evict_to_limit(self, keep: str | None) -> tuple[int, int]:
-        """Evict least-recently-used entries until under the limit.
-
-        Never evicts ``keep`` (the entry just written) nor the last entry left, so
-        a single blob over the limit is kept (with a warning). Entries whose lock
-        is busy are skipped. Returns (entries evicted, bytes freed).
-        """
-        limit = self.size_limit_bytes
-        entries = self.entries()
-        total = sum(e.size_bytes for e in entries)
-        evicted = freed = 0
-        if total <= limit:
-            return 0, 0
-        victims = sorted(
-            (e for e in entries if e.hex != keep),
-            key=lambda e: (e.accessed_unix_s, e.created_unix_s),
-        )
-        remaining = len(entries)
-        for victim in victims:
-            if total <= limit or remaining <= 1:
-                break
-            with self.try_lock(victim.hex) as got:
-                if not got or not self.delete_entry_files(victim.hex):
-                    continue  # busy, or another process evicted it first
-            self.index.bump(STAT_EVICTIONS)
-            log.info("evicted blob %s (%d bytes)", victim.hex[:12], victim.size_bytes)
-            total -= victim.size_bytes
-            remaining -= 1
-            evicted += 1
-            freed += victim.size_bytes
-        if total > limit:
-            self.warn(
-                f"blob store {self.root} holds {total} bytes, over its size limit of "
-                f"{limit} bytes after evicting what it could (the newest blob is always kept)"
-            )
-        return evicted, freed
+        """Evict least-recently-used entries until under the limit, never ``keep`` nor
+        the last entry; (entries evicted, bytes freed). See ``maintenance.evict``."""
+        return maintenance.evict(self, keep)
 
     def remove(self, hex_: str) -> bool:
         """Remove the entry with this full hex; False if there is none."""
@@ -475,14 +467,22 @@ class Store:
 
     def gc(self) -> GcReport:
         """Repair what check(fix=True) repairs, evict to the size limit, and drop idle
-        lock files and quarantined payloads older than a week."""
+        lock files, quarantined payloads older than a week, and model folders no
+        built-in preset of this ovspec names any more (or half-written ones)."""
         with self.locked_io("collect garbage"):
             return maintenance.gc(self)
 
     def clear(self) -> int:
-        """Remove every entry, quarantined file and stale temp; reset the counters.
+        """Remove every entry, quarantined file, stale temp, written model and the
+        digest memo; reset the counters.
 
         Keeps the settings (size limit). Returns the number of entries removed.
         """
         with self.locked_io("clear the store"):
             return maintenance.clear(self)
+
+    def usage(self) -> StoreUsage:
+        """Bytes on disk under the root, by what holds them (files are not followed
+        through symlinks)."""
+        with self.locked_io("measure the store"):
+            return maintenance.usage(self)

@@ -10,23 +10,79 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import os
+import shutil
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ovspec.store.files import hash_file, unlink
+from ovspec.store.index import STAT_EVICTIONS
 from ovspec.store.layout import HEX_RE, LOCK_RE, PAYLOAD_RE, SIDECAR_RE, TEMP_RE
 from ovspec.store.locks import KeyLock
-from ovspec.store.records import GcReport, StoreEntry, components_match_hex, record_json, row_json
+from ovspec.store.records import (
+    GcReport,
+    StoreEntry,
+    StoreUsage,
+    components_match_hex,
+    record_json,
+    row_json,
+)
 
 if TYPE_CHECKING:
     from ovspec.store.local import Store
+
+log = logging.getLogger(__name__)
 
 # A temp file whose key lock is free is stale at once; one whose name does not
 # say which key it belongs to is stale after this age.
 STALE_TEMP_S = 3600.0
 # gc() deletes quarantined payloads older than this.
 QUARANTINE_KEEP_S = 7 * 24 * 3600.0
+# gc() deletes model folders under models/ unused for this long (a model folder's
+# LAST_USED file is touched each time ovspec resolves it; they are rebuilt on demand).
+MODEL_KEEP_S = 7 * 24 * 3600.0
+MODEL_LAST_USED = ".last-used"
+
+
+def evict(store: Store, keep: str | None) -> tuple[int, int]:
+    """Evict least-recently-used entries until under the limit.
+
+    Never evicts ``keep`` (the entry just written) nor the last entry left, so
+    a single blob over the limit is kept (with a warning). Entries whose lock
+    is busy are skipped. Returns (entries evicted, bytes freed).
+    """
+    limit = store.size_limit_bytes
+    entries = store.entries()
+    total = sum(e.size_bytes for e in entries)
+    evicted = freed = 0
+    if total <= limit:
+        return 0, 0
+    victims = sorted(
+        (e for e in entries if e.hex != keep),
+        key=lambda e: (e.accessed_unix_s, e.created_unix_s),
+    )
+    remaining = len(entries)
+    for victim in victims:
+        if total <= limit or remaining <= 1:
+            break
+        with store.try_lock(victim.hex) as got:
+            if not got or not store.delete_entry_files(victim.hex):
+                continue  # busy, or another process evicted it first
+        store.index.bump(STAT_EVICTIONS)
+        log.info("evicted blob %s (%d bytes)", victim.hex[:12], victim.size_bytes)
+        total -= victim.size_bytes
+        remaining -= 1
+        evicted += 1
+        freed += victim.size_bytes
+    if total > limit:
+        store.warn(
+            f"blob store {store.root} holds {total} bytes, over its size limit of "
+            f"{limit} bytes after evicting what it could (the newest blob is always kept)"
+        )
+    return evicted, freed
 
 
 def check(store: Store, fix: bool) -> list[str]:
@@ -221,6 +277,60 @@ def gc(store: Store) -> GcReport:
         repaired=tuple(repaired),
         locks_removed=locks_removed,
         quarantine_purged=purged,
+        models_removed=_remove_unused_models(store, time.time() - MODEL_KEEP_S),
+    )
+
+
+def _remove_unused_models(store: Store, cutoff_unix_s: float) -> int:
+    """Model folders last used before the cutoff, and half-written ones (a writer's
+    staging folder, ``.NAME.*.tmp``) older than a stale temp."""
+    folder = store.layout.models
+    if not folder.is_dir():
+        return 0
+    removed = 0
+    for path in folder.iterdir():
+        if not path.is_dir() or path.is_symlink():
+            continue
+        if path.name.startswith("."):
+            used = path.stat().st_mtime
+            stale = used < time.time() - STALE_TEMP_S
+        else:
+            marker = path / MODEL_LAST_USED
+            used = marker.stat().st_mtime if marker.is_file() else path.stat().st_mtime
+            stale = used < cutoff_unix_s
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _tree_bytes(path: Path) -> int:
+    """Bytes of the regular files below ``path``, never following symlinks."""
+    if not path.exists() or path.is_symlink():
+        return 0
+    if path.is_file():
+        return path.lstat().st_size
+    total = 0
+    for dirpath, _dirs, files in os.walk(path, followlinks=False):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                st = (Path(dirpath) / name).lstat()
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+    return total
+
+
+def usage(store: Store) -> StoreUsage:
+    layout = store.layout
+    blobs = _tree_bytes(layout.blobs)
+    models = _tree_bytes(layout.models)
+    index = _tree_bytes(layout.index) + _tree_bytes(layout.digests)
+    total = _tree_bytes(layout.root)
+    return StoreUsage(
+        blobs_bytes=blobs,
+        models_bytes=models,
+        index_bytes=index,
+        other_bytes=max(total - blobs - models - index, 0),
     )
 
 
@@ -238,4 +348,9 @@ def clear(store: Store) -> int:
         unlink(path)
     remove_stale_temps(store)
     store.index.reset_counters()
+    # Models written into the store and the digest memo are derived data: both are
+    # made again on demand.
+    for folder in (store.layout.models, store.layout.digests):
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder, ignore_errors=True)
     return removed

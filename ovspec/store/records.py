@@ -125,6 +125,29 @@ class StoreStats:
 
 
 @dataclass(frozen=True)
+class StoreUsage:
+    """Bytes on disk under a store's root, by what holds them."""
+
+    blobs_bytes: int  # payloads and sidecars
+    models_bytes: int  # models written into the store (built-in presets, GGUF imports)
+    index_bytes: int  # the index and the file-digest memo
+    other_bytes: int  # quarantine, temps, locks, FORMAT
+
+    @property
+    def total_bytes(self) -> int:
+        return self.blobs_bytes + self.models_bytes + self.index_bytes + self.other_bytes
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "blobs_bytes": self.blobs_bytes,
+            "models_bytes": self.models_bytes,
+            "index_bytes": self.index_bytes,
+            "other_bytes": self.other_bytes,
+            "total_bytes": self.total_bytes,
+        }
+
+
+@dataclass(frozen=True)
 class GcReport:
     """What ``gc`` did: LRU evictions, and the repairs of the self-check it ran."""
 
@@ -133,6 +156,17 @@ class GcReport:
     repaired: tuple[str, ...]
     locks_removed: int
     quarantine_purged: int
+    models_removed: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "evicted_entries": self.evicted_entries,
+            "freed_bytes": self.freed_bytes,
+            "repaired": list(self.repaired),
+            "locks_removed": self.locks_removed,
+            "quarantine_purged": self.quarantine_purged,
+            "models_removed": self.models_removed,
+        }
 
 
 def components_match_hex(components: tuple[KeyComponent, ...], hex_: str) -> bool:

@@ -123,6 +123,11 @@ def bad_inputs(tmp_path: Path, qwen2_dir: Path) -> dict[str, tuple[list[str], st
         "rung over the limit": ([model, "--ladder", "8K,16K"], "max_position_embeddings 8192"),
         "unknown device": ([model, "--device", "XPU"], "not available here"),
         "bad config": ([model, "--config", "NOVALUE"], "KEY=VALUE"),
+        "unknown property": ([model, "--config", "FOO=1"], "Unsupported property FOO"),
+        "bad property value": (
+            [model, "--config", "INFERENCE_PRECISION_HINT=f33"],
+            "Wrong value f33 for property key INFERENCE_PRECISION_HINT",
+        ),
         "bad phases": ([model, "--phases", "decode,train"], "unknown phase"),
         "bad compression": ([model, "--compress", "int3"], "unknown compression"),
         "unwritable cache": ([model, "--cache-dir", str(blocker / "store")], "not writable"),
@@ -139,6 +144,8 @@ def bad_inputs(tmp_path: Path, qwen2_dir: Path) -> dict[str, tuple[list[str], st
         "rung over the limit",
         "unknown device",
         "bad config",
+        "unknown property",
+        "bad property value",
         "bad phases",
         "bad compression",
         "unwritable cache",
@@ -230,3 +237,22 @@ def test_offline_npu_without_a_compiler_says_which_library_is_missing(
     assert "npu_compiler" in lines[0] and "Exception from" not in lines[0]
     with Store(tmp_path) as store:
         assert store.entries() == [] and store.check() == []
+
+
+def test_an_all_hits_rebuild_never_prepares_the_model(
+    tmp_path: Path, qwen2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["build", str(qwen2_dir), "--ladder", "32,64", "--cache-dir", str(tmp_path)]
+    assert run(*args).exit_code == 0
+
+    def no_prepare(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("an all-hits rebuild must not read or compress the model")
+
+    monkeypatch.setattr("ovspec.compile.prewarm.prepare_model", no_prepare)
+    monkeypatch.setattr("ovspec.compile.compiler.prepare_model", no_prepare)
+    again = run(*args)
+    assert again.exit_code == 0, again.output
+    assert "4 hits, 0 misses" in again.output
+    # The summary's wall is the whole command's, and sizes print in one unit style.
+    assert "wall " in again.output and "(building " in again.output
+    assert "KiB" in again.output and "blob bytes" not in again.output

@@ -12,6 +12,7 @@ from click.testing import CliRunner, Result
 
 import ovspec.cli.commands  # noqa: F401 - registers the command modules
 from ovspec.cli import cli
+from ovspec.cli.units import parse_size
 from ovspec.store.keys import COMPONENT_NAMES, BlobKey
 from ovspec.store.local import ProducedBlob, Store
 
@@ -76,7 +77,7 @@ def test_ls_table_and_json(runner: CliRunner, root: Path) -> None:
     result = run(runner, "ls", root=root)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split()[:3] == ["KEY", "SPECIALIZATION", "DEVICE"]
+    assert lines[0].split()[:4] == ["KEY", "SPECIALIZATION", "MODEL", "DEVICE"]
     assert len(lines) == 3
     assert any(h[:12] in result.output for h in hexes())
     assert "decode capacity=2048" in result.output and "NPU" in result.output
@@ -88,8 +89,23 @@ def test_ls_table_and_json(runner: CliRunner, root: Path) -> None:
 
 
 def test_ls_empty_store(runner: CliRunner, tmp_path: Path) -> None:
+    Store(tmp_path / "empty").close()
     result = run(runner, "ls", root=tmp_path / "empty")
     assert result.exit_code == 0 and "no entries" in result.output
+
+
+@pytest.mark.parametrize("command", [["ls"], ["stats"], ["check"], ["explain", "a", "b"]])
+def test_read_only_commands_never_create_a_store(
+    runner: CliRunner, tmp_path: Path, command: list[str]
+) -> None:
+    mistyped = tmp_path / "typo"
+    result = run(runner, *command, root=mistyped)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"ovspec: error: no ovspec store at {mistyped}; check --cache-dir, or build one "
+        "with `ovspec build`"
+    )
+    assert not mistyped.exists()
 
 
 def test_cache_dir_from_the_environment(runner: CliRunner, root: Path) -> None:
@@ -121,26 +137,67 @@ def test_check_healthy_corrupt_and_fixed(runner: CliRunner, root: Path) -> None:
 
     result = run(runner, "check", "--fix", root=root)
     assert result.exit_code == 0, result.output
-    assert "fixed: entry" in result.output and "store OK after 1 repairs" in result.output
+    assert "fixed: entry" in result.output and "store OK after 1 repair\n" in result.output
     assert run(runner, "check", root=root).exit_code == 0
 
 
 def test_gc_evicts_to_a_new_limit(runner: CliRunner, root: Path) -> None:
-    result = run(runner, "gc", "--size-limit-bytes", "4000", root=root)
+    result = run(runner, "gc", "--size-limit", "4000", root=root)
     assert result.exit_code == 0, result.output
-    assert "evicted 1 entries" in result.output
+    assert "evicted 1 entry (2.9 KiB)" in result.output
     with Store(root) as store:
         assert store.size_limit_bytes == 4000 and len(store.entries()) == 1
-    assert run(runner, "gc", "--size-limit-bytes", "0", root=root).exit_code == 2
+    assert run(runner, "gc", "--size-limit", "0", root=root).exit_code == 2
+    data = json.loads(run(runner, "gc", "--size-limit", "10G", "--json", root=root).output)
+    assert data["size_limit_bytes"] == 10 * 2**30 and data["evicted_entries"] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("10G", 10 * 2**30),
+        ("512M", 512 * 2**20),
+        ("1.5GiB", 3 * 2**29),
+        ("4000", 4000),
+        ("2k", 2048),
+    ],
+)
+def test_size_options_take_units(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "G", "10X", "-5", "0", "1.5 ZB"])
+def test_bad_sizes_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="size"):
+        parse_size(text)
 
 
 def test_clear_asks_unless_yes(runner: CliRunner, root: Path) -> None:
     result = run(runner, "clear", root=root, stdin="n\n")
-    assert result.exit_code == 1 and "ovspec: error: aborted" in result.output
+    assert result.exit_code == 0 and f"left {root} as it was" in result.stdout  # a no is no error
     assert len(json.loads(run(runner, "ls", "--json", root=root).output)) == 2
+    (root / "models" / "tiny-0123").mkdir(parents=True)
+    (root / "models" / "tiny-0123" / "openvino_model.bin").write_bytes(b"w" * 5000)
     result = run(runner, "clear", "--yes", root=root)
     assert result.exit_code == 0 and "removed 2 entries" in result.output
     assert json.loads(run(runner, "ls", "--json", root=root).output) == []
+    assert not (root / "models").exists()  # written models are the store's to clear
+    again = json.loads(run(runner, "clear", "--yes", "--json", root=root).output)
+    assert again["cleared"] and again["removed_entries"] == 0
+
+
+def test_stats_count_everything_the_store_holds(runner: CliRunner, root: Path) -> None:
+    (root / "models" / "tiny-0123").mkdir(parents=True)
+    (root / "models" / "tiny-0123" / "openvino_model.bin").write_bytes(b"w" * 5000)
+    data = json.loads(run(runner, "stats", "--json", root=root).output)
+    disk = data["disk"]
+    blob_files = sum(p.stat().st_size for p in (root / "blobs").rglob("*") if p.is_file())
+    assert (disk["models_bytes"], disk["blobs_bytes"]) == (5000, blob_files)
+    assert disk["index_bytes"] > 0  # the index database (its size depends on SQLite's WAL)
+    parts = ("blobs_bytes", "models_bytes", "index_bytes", "other_bytes")
+    assert disk["total_bytes"] == sum(disk[k] for k in parts)
+    text = run(runner, "stats", root=root).output
+    assert "models       4.9 KiB" in text and "on disk" in text
 
 
 def test_explain_names_the_differing_components(runner: CliRunner, root: Path) -> None:
@@ -177,7 +234,7 @@ def test_unknown_and_ambiguous_prefixes_are_one_line_errors(runner: CliRunner, r
 def test_unusable_cache_dir_is_exit_2(runner: CliRunner, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = run(runner, "stats", root=blocker / "sub")
+    result = run(runner, "gc", root=blocker / "sub")
     assert result.exit_code == 2
-    assert "is not writable" in result.stderr and "--cache-dir" in result.stderr
+    assert "no ovspec store at" in result.stderr and "--cache-dir" in result.stderr
     assert "Traceback" not in result.output
