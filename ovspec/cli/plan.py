@@ -83,14 +83,16 @@ RUNG_VALUES = RungValuesType()
     "decode_values",
     type=RUNG_VALUES,
     default=None,
-    help="Milliseconds per decode step, per rung (1024=3.1,2048=3.4) or one value.",
+    help="Milliseconds per decode step, per rung (1024=3.1,2048=3.4) or one value.  "
+    "[default: --measure]",
 )
 @click.option(
     "--measure",
     "measure_flag",
     is_flag=True,
-    help="Measure instead: make each rung ready through the store (compiling what is "
-    "missing), time a short decode on it, and the prompt's prefill.",
+    help="Measure: make each rung ready through the store (compiling what is missing), "
+    "time a short decode on it, and the prompt's prefill. The default when --decode-ms "
+    "is not given.",
 )
 @click.option(
     "--measure-steps",
@@ -146,10 +148,9 @@ def plan(
 
     if decode_values is not None and measure_flag:
         raise click.UsageError("--decode-ms and --measure both give the decode rate; choose one")
-    if decode_values is None and not measure_flag:
-        raise click.UsageError(
-            "give the decode rate: --decode-ms MS (per rung or one value) or --measure"
-        )
+    # With no decode rate given, measure it: a plan needs one, and the store's history
+    # records compiles, not decode steps.
+    measure_flag = measure_flag or decode_values is None
     new = max(ladder.top_tokens - prompt_tokens, 0) if new_tokens is None else new_tokens
     rungs = rungs_needed(ladder, prompt_tokens, new)
     compile_s = (

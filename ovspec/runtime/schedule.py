@@ -111,8 +111,16 @@ def _latest_start_early(
         out.append(
             (
                 chain[k],
-                f"compile of {chain[k]} must start {latest_s[k]:.2f} s after entering "
-                f"rung {capacity_tokens}, before the boundary at {next_decision_s:.2f} s",
+                _start_reason(chain[k], capacity_tokens, latest_s[k], next_decision_s),
             )
         )
     return out
+
+
+def _start_reason(rung: int, entered: int, latest_s: float, boundary_s: float) -> str:
+    """Why a rung starts early, in words: a negative latest start means already late."""
+    if latest_s < 0:
+        when = f"is already {-latest_s:.2f} s late on entering rung {entered}"
+    else:
+        when = f"must start within {latest_s:.2f} s of entering rung {entered}"
+    return f"compile of {rung} {when}, before the boundary at {boundary_s:.2f} s"
