@@ -122,7 +122,12 @@ def _variant_text(result: BenchResult, variant: str) -> list[str]:
             f"{medians(b0, 'peak_kv_bytes') / MIB:.2f} MiB"
         )
     lines += ["", f"paired vs {CONTROL.value} (A = {CONTROL.value}, B = protocol, B - A):"]
-    for protocol in cfg.protocols:
+    if cfg.repetitions < 2:
+        lines.append(
+            f"  none: paired statistics need at least 2 repetitions (this run made "
+            f"{cfg.repetitions}); rerun with --repetitions 2 or more"
+        )
+    for protocol in cfg.protocols if cfg.repetitions >= 2 else ():
         if protocol is CONTROL:
             continue
         for figure in PAIRED_FIGURES:
@@ -169,11 +174,7 @@ def _variant_text(result: BenchResult, variant: str) -> list[str]:
                 f"  {row.band:>12}: step {row.step_ms:.3f} ms (B0 {row.b0_step_ms:.3f} ms, floor "
                 f"{row.floor_step_ms:.3f} ms); speed-up {row.measured_speedup:.3f} vs predicted "
                 f"{row.predicted_speedup:.3f}"
-                + (
-                    f" ({100 * row.fraction_of_predicted:.0f}% of the predicted gain)"
-                    if row.predicted_speedup > 1.05
-                    else ""
-                )
+                + _gain_text(row.predicted_speedup, row.fraction_of_predicted)
             )
     lines += ["", f"boundary logits vs {CONTROL.value} (same positions, same tokens):"]
     for protocol in cfg.protocols:
@@ -185,6 +186,16 @@ def _variant_text(result: BenchResult, variant: str) -> list[str]:
             f"min cosine {agreement.min_cosine:.7f}"
         )
     return lines
+
+
+def _gain_text(predicted_speedup: float, fraction_of_predicted: float) -> str:
+    """How much of a predicted gain was measured; nothing for a noise-level prediction,
+    and no percentage of a gain that did not happen."""
+    if predicted_speedup <= 1.05:
+        return ""
+    if fraction_of_predicted < 0:
+        return " (slower than B0, where a gain was predicted)"
+    return f" ({100 * fraction_of_predicted:.0f}% of the predicted gain)"
 
 
 def to_json(result: BenchResult, env: dict[str, str]) -> dict[str, Any]:

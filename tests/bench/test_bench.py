@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import ovspec.cli.commands  # noqa: F401
 from ovspec.bench.protocols import Protocol
-from ovspec.bench.report import environment, render_text, to_json, write_plots
+from ovspec.bench.report import _gain_text, environment, render_text, to_json, write_plots
 from ovspec.bench.runner import (
     BenchConfig,
     band_comparison,
@@ -95,6 +95,9 @@ def test_report_text_json_and_plots(result, tmp_path: Path) -> None:  # type: ig
         "copy-and-grow time-weighted KV",
     ):
         assert needle in text
+    # One repetition: said once, not as a line of n/a per figure.
+    assert text.count("paired statistics need at least 2 repetitions") == 1
+    assert "n/a" not in text
     document = json.loads(json.dumps(to_json(result, env)))
     assert set(document["variants"]["cold"]) == {"B0", "B1", "I1", "I2"}
     assert document["variants"]["cold"]["I2"]["vs_control"]["boundary_agreement"]["compared"] == 4
@@ -138,3 +141,15 @@ def test_cli_help_and_bad_input(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "exceed the top rung" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("predicted", "fraction", "text"),
+    [
+        (1.02, 0.5, ""),  # a noise-level prediction gets no percentage
+        (1.9, -3.79, " (slower than B0, where a gain was predicted)"),
+        (1.9, 0.8, " (80% of the predicted gain)"),
+    ],
+)
+def test_gain_text(predicted: float, fraction: float, text: str) -> None:
+    assert _gain_text(predicted, fraction) == text
