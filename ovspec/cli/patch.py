@@ -95,25 +95,38 @@ def check_patch(
         ctx.exit(EXIT_CONFLICT)
 
 
+def _report_change(
+    before: patching.PatchCheck, after: patching.PatchCheck, verbs: tuple[str, str], as_json: bool
+) -> None:
+    """``verbs``: what to say when the work tree changed, and when it was already so."""
+    changed = before.state is not after.state
+    if as_json:
+        _echo_json({"changed": changed, "before": before.state.value, **after.to_json()})
+    else:
+        click.echo(f"{verbs[0] if changed else verbs[1]}: {after.describe()}")
+
+
 @patch.command("apply")
 @_source_dir_argument
 @_patch_option
-def apply_patch(source_dir: Path, patch_name: str | None) -> None:
+@_json_option
+def apply_patch(source_dir: Path, patch_name: str | None, as_json: bool) -> None:
     """Apply the patch to the work tree of SOURCE_DIR (a no-op when already applied)."""
     chosen = patching.resolve_patch(patch_name)
     before = patching.check(chosen, source_dir)
-    after = patching.apply(chosen, source_dir)
-    verb = "already applied" if before.state is after.state else "applied"
-    click.echo(f"{verb}: {after.describe()}")
+    _report_change(
+        before, patching.apply(chosen, source_dir), ("applied", "already applied"), as_json
+    )
 
 
 @patch.command("revert")
 @_source_dir_argument
 @_patch_option
-def revert_patch(source_dir: Path, patch_name: str | None) -> None:
+@_json_option
+def revert_patch(source_dir: Path, patch_name: str | None, as_json: bool) -> None:
     """Undo an uncommitted apply in SOURCE_DIR (a no-op when the patch is not applied)."""
     chosen = patching.resolve_patch(patch_name)
     before = patching.check(chosen, source_dir)
-    after = patching.revert(chosen, source_dir)
-    verb = "not applied" if before.state is after.state else "reverted"
-    click.echo(f"{verb}: {after.describe()}")
+    _report_change(
+        before, patching.revert(chosen, source_dir), ("reverted", "not applied"), as_json
+    )

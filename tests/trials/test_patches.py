@@ -408,6 +408,13 @@ def test_cli_check_apply_revert(checkout: Checkout) -> None:
     result = run("revert", repo, "--patch", patch)
     assert result.exit_code == 0 and result.stdout.startswith("not applied: ")
 
+    applied = json.loads(run("apply", repo, "--patch", patch, "--json").stdout)
+    assert applied["changed"] and (applied["before"], applied["state"]) == ("applicable", "applied")
+    reverted = json.loads(run("revert", repo, "--patch", patch, "--json").stdout)
+    assert reverted["changed"] and reverted["state"] == "applicable"
+    again = json.loads(run("revert", repo, "--patch", patch, "--json").stdout)
+    assert not again["changed"]
+
 
 def test_cli_check_conflict_exits_1(checkout: Checkout) -> None:
     write(checkout.repo, HPP, STOCK_HPP.replace("_depsMap;", "_depsByOp;"))
