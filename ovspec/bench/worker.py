@@ -83,7 +83,7 @@ def run(request: RunRequest) -> dict[str, Any]:
             kv_layout=setup.kv_layout,
             keep_logits=lambda _step, live: live in positions,
         )
-        roles = loader.compiler.llm().roles
+        roles = loader.compiler.roles()
         weights_bytes = loader.compiler.model_dir.bin_path.stat().st_size
     peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     figures = compute(

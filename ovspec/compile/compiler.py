@@ -9,6 +9,7 @@ calls it from a background worker while the decode thread imports.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import threading
 import time
@@ -25,12 +26,16 @@ from ovspec.compile.devices import DeviceFacts, compiler_version, key_properties
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir, transforms_id
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
 from ovspec.store.local import BlobOutcome, ProducedBlob, Store
 
 log = logging.getLogger(__name__)
+
+# The blob metadata field holding the model's roles (ModelRoles.to_json) as JSON text.
+ROLES_METADATA = "roles"
 
 NO_PATCH = "none"
 
@@ -136,6 +141,7 @@ class Compiler:
         self.facts: DeviceFacts = resolve_device(self._core, device, self.properties)
         self._memo = memo or DigestMemo(store.root / "digests")
         self._llm = llm  # prepared by the caller (already validated), else on first use
+        self._roles: ModelRoles | None = None  # from a stored blob's metadata
         self._llm_lock = threading.Lock()
         self._static_values: dict[str, str] | None = None
 
@@ -146,6 +152,29 @@ class Compiler:
             if self._llm is None:
                 self._llm = prepare_model(self.model_dir, self.compression)
             return self._llm
+
+    def roles(self) -> ModelRoles:
+        """The model's roles: from the prepared graph if it is in memory, else from the
+        metadata of a blob this compiler has built or found (so a warm start never reads
+        the IR), else by preparing the model."""
+        with self._llm_lock:
+            if self._llm is not None:
+                return self._llm.roles
+            if self._roles is not None:
+                return self._roles
+        return self.llm().roles
+
+    def _remember_roles(self, metadata: Mapping[str, str]) -> None:
+        text = metadata.get(ROLES_METADATA)
+        if text is None or self._roles is not None:
+            return
+        try:
+            roles = ModelRoles.from_json(json.loads(text))
+        except ValueError as exc:  # an older or damaged record: prepare the IR instead
+            log.warning("ignoring the roles stored with a blob (%s)", exc)
+            return
+        with self._llm_lock:
+            self._roles = roles
 
     # -- keys ---------------------------------------------------------------------
 
@@ -187,10 +216,12 @@ class Compiler:
                     "device": self.device,
                     "model": str(self.model_dir.root),
                     "export_s": f"{export_s:.6f}",
+                    ROLES_METADATA: json.dumps(self.llm().roles.to_json(), sort_keys=True),
                 },
             )
 
         outcome: BlobOutcome = self.store.get_or_create(key, produce)
+        self._remember_roles(outcome.metadata)
         return BuildOutcome(
             spec=spec,
             key_hex=outcome.hex,

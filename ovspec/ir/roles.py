@@ -84,6 +84,66 @@ class ModelRoles:
     def layers(self) -> int:
         return len({role.layer for role in self.kv})
 
+    def to_json(self) -> dict[str, object]:
+        """A JSON form, stored beside each blob so a warm start never reads the IR."""
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+            "logits": self.logits,
+            "kv": [
+                {
+                    "layer": r.layer,
+                    "kind": r.kind.value,
+                    "past_input": r.past_input,
+                    "present_output": r.present_output,
+                    "seq_axis": r.seq_axis,
+                    "shape_template": list(r.shape_template),
+                    "element_type": r.element_type.get_type_name(),
+                }
+                for r in self.kv
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> ModelRoles:
+        """The inverse of ``to_json``; ValueError for anything malformed."""
+        try:
+            assert isinstance(data, dict)
+            kv = tuple(
+                KVRole(
+                    layer=int(r["layer"]),
+                    kind=KVKind(r["kind"]),
+                    past_input=str(r["past_input"]),
+                    present_output=str(r["present_output"]),
+                    seq_axis=int(r["seq_axis"]),
+                    shape_template=tuple(int(d) for d in r["shape_template"]),
+                    element_type=_element_type(str(r["element_type"])),
+                )
+                for r in data["kv"]
+            )
+            position_ids = data["position_ids"]
+            roles = cls(
+                input_ids=str(data["input_ids"]),
+                attention_mask=str(data["attention_mask"]),
+                position_ids=None if position_ids is None else str(position_ids),
+                logits=str(data["logits"]),
+                kv=kv,
+            )
+        except (AssertionError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"malformed roles record: {exc!r}") from exc
+        if not roles.kv:
+            raise ValueError("malformed roles record: no KV roles")
+        return roles
+
+
+def _element_type(name: str) -> ov.Type:
+    """``"f32"`` -> ``ov.Type.f32`` (ov.Type's own constructor takes numpy dtypes)."""
+    element_type = getattr(ov.Type, name, None)
+    if not isinstance(element_type, ov.Type):
+        raise ValueError(f"unknown element type {name!r}")
+    return element_type
+
 
 def discover_roles(model: ov.Model) -> ModelRoles:
     """Find the roles of a stateless model (past_* parameters, present_* results)."""

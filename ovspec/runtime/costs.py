@@ -155,13 +155,13 @@ def measure(
     if steps < 1:
         raise BadRequestError(f"{arg('steps', str(steps))} must be at least 1")
     say = on_progress or (lambda _message: None)
-    roles = loader.compiler.llm().roles
     chunk = loader.prefill_chunk_tokens or 1
     first = rungs[0]
 
     prefill_spec = prefill_specialization(first, chunk)
     say(f"preparing {prefill_spec.label}")
     loader.get(prefill_spec)
+    roles = loader.compiler.roles()
     prefill_program = loader.program(prefill_spec)
     assert prefill_program is not None  # get() just loaded it
     prefill_compile_s = (

@@ -107,7 +107,10 @@ class DecodeResult:
     steps: tuple[StepRecord, ...]
     boundaries: tuple[BoundaryRecord, ...]
     events: tuple[LoaderEvent, ...]
-    ready_s: float  # origin -> the first rung's graphs are ready (foreground compile wall)
+    # origin -> the prompt can run (foreground compile wall): the first rung's prefill
+    # graph is ready. Its decode graph may still be loading on the worker; if the first
+    # decode step has to wait for it, that wait is a WAIT event in ``events``.
+    ready_s: float
     first_token_s: float  # origin -> the prompt is processed (time to first token)
     finished_s: float  # origin -> last token (critical path)
     reserved_kv: tuple[tuple[int, int], ...]  # (live tokens, reserved KV bytes) per step
@@ -136,7 +139,6 @@ def decode(
     if not prompt_ids:
         raise BadRequestError("the prompt is empty; give at least one token id")
     ladder = loader.ladder
-    roles = loader.compiler.llm().roles
     # Greedy decoding never feeds its last token back; teacher forcing feeds them all.
     fed = len(forced_ids) if forced_ids is not None else max(max_new_tokens - 1, 0)
     if len(prompt_ids) + fed > ladder.top_tokens:
@@ -150,7 +152,8 @@ def decode(
         loader.disable_warm_up()
     first = ladder.rung_for(len(prompt_ids))
     loader.start(first)
-    ready_s = time.perf_counter() - origin
+    prompt_ready_s = time.perf_counter() - origin
+    roles = loader.compiler.roles()  # from the loaded blob's record: the IR is not read
     kv = make_kv(kv_layout, roles, first, ladder.top_tokens)
     chunk = loader.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
     session = DecodeSession(
@@ -188,7 +191,7 @@ def decode(
         steps=tuple(session.steps),
         boundaries=tuple(session.boundaries),
         events=tuple(loader.events),
-        ready_s=ready_s,
+        ready_s=prompt_ready_s,
         first_token_s=first_token_s,
         finished_s=finished_s,
         reserved_kv=tuple(reserved),

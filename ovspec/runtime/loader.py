@@ -95,25 +95,34 @@ class Loader:
     # -- public API ---------------------------------------------------------------
 
     def start(self, first_capacity_tokens: int) -> None:
-        """Foreground work before the first token, as the policy prescribes.
+        """Foreground work before the prompt can run, as the policy prescribes.
 
-        The graphs it needs load two at a time, every other one on the worker: a CPU
-        compile keeps about one core busy, so the first rung's prefill and decode
-        graphs cost about one compile of wall time, not two.
+        One-ahead and on-demand return as soon as the graph the prompt needs is ready
+        (the prefill graph, or the decode graph without one); the first rung's decode
+        graph keeps loading on the worker while the prompt runs, and the first decode
+        ``get`` waits for it if it must (a recorded wait). Successors are queued by
+        that ``get``, after the prompt: the prefill graph is released by then, so it,
+        the first rung and a successor never hold their weights at the same time.
+
+        Eager loads every rung before returning, two at a time (every other one on
+        the worker: a CPU compile keeps about one core busy).
         """
-        first = [Specialization.decode(first_capacity_tokens)]
-        if self.prefill_chunk_tokens is not None:
-            first.insert(0, self._prefill(first_capacity_tokens))
-        specs = first
+        decode = Specialization.decode(first_capacity_tokens)
+        prefill = self._prefill(first_capacity_tokens) if self.prefill_chunk_tokens else None
         if self.policy is Policy.EAGER:
             rungs = [c for c in self.ladder if c >= first_capacity_tokens]
-            specs = first + [Specialization.decode(c) for c in rungs[1:]]
-        for spec in specs[1::2]:
-            self._submit(spec, foreground=True)
-        for spec in specs:
-            self._obtain(spec, record_wait=False)
-        # Successors are queued only now, behind the foreground work.
-        self._after_get(Specialization.decode(first_capacity_tokens))
+            specs = [*([prefill] if prefill else []), decode]
+            specs += [Specialization.decode(c) for c in rungs[1:]]
+            for spec in specs[1::2]:
+                self._submit(spec, foreground=True)
+            for spec in specs:
+                self._obtain(spec, record_wait=False)
+            return
+        if prefill is None:
+            self._obtain(decode, record_wait=False)
+            return
+        self._submit(decode, foreground=True)
+        self._obtain(prefill, record_wait=False)
 
     def get(self, spec: Specialization | int) -> ov.CompiledModel:
         """The compiled graph of ``spec`` (a rung means its decode graph); loads it in the
@@ -255,7 +264,9 @@ class Loader:
         else:
             self._record(EventKind.COMPILED, spec, foreground, seconds=build.compile_s)
         warm_s = 0.0
-        if self.warm_up:
+        # A prefill graph is not warmed: its warm-up is a whole prompt chunk of zeros
+        # (seconds on a large model), paid once by the real prompt anyway.
+        if self.warm_up and spec.phase is Phase.DECODE:
             warm_s = warm_up(program.compiled)
             self._warmed = True
         self._record(

@@ -28,9 +28,9 @@ def _check_seconds(what: str, value: float) -> None:
 class RungCosts:
     """What each rung costs: the time to have its decode program ready (build +
     import), and the time per decode step on it (it grows with the capacity: the
-    graph attends over all of it). The first rung's prefill graph adds to the
-    foreground; running the prompt adds to the first rung's window (0: unknown,
-    which is the conservative choice)."""
+    graph attends over all of it). The first rung's prefill graph loads in front while
+    its decode graph loads on the worker; running the prompt delays the first decode
+    step, which is when the first successor is queued (0: unknown)."""
 
     compile_s: Mapping[int, float]
     decode_s_per_token: Mapping[int, float]
@@ -293,16 +293,16 @@ def rungs_needed(ladder: Ladder, prompt_tokens: int, new_tokens: int) -> tuple[i
 
 def rung_windows(ladder: Ladder, prompt_tokens: int, costs: RungCosts) -> dict[int, float]:
     """Decode seconds spent on each rung a request passes whole, from the first rung
-    up to the one below the top (rungs with no known decode rate are left out)."""
+    up to the one below the top (rungs with no known decode rate are left out). A
+    window runs from a rung's first decode step to its boundary: the loader queues
+    successors on that step, so the prompt is not in the first rung's window."""
     first = ladder.rung_for(prompt_tokens)
     out: dict[int, float] = {}
     previous = 0
     for rung in ladder:
         if rung >= first and rung != ladder.top_tokens and rung in costs.decode_s_per_token:
             tokens = rung - max(prompt_tokens, previous)
-            out[rung] = tokens * costs.decode_s_per_token[rung] + (
-                costs.prefill_s if rung == first else 0.0
-            )
+            out[rung] = tokens * costs.decode_s_per_token[rung]
         previous = rung
     return out
 
@@ -317,10 +317,12 @@ def plan_one_ahead(
 ) -> Plan:
     """Simulate the loader's single background worker over one request.
 
-    The first rung's programs are built in the foreground; entering a rung (the
-    first one: when its decode program is ready) queues its successor, and with
-    ``early_start`` the later rungs ``rule`` picks. The worker compiles in queue
-    order, one at a time; decode waits at a boundary until the next rung is ready.
+    The first rung's prefill graph is built in front while its decode graph is built
+    on the worker; the prompt runs once the prefill graph is ready, and the first
+    decode step waits for the decode graph. Entering a rung (its first decode step)
+    queues its successor, and with ``early_start`` the later rungs ``rule`` picks. The
+    worker compiles in queue order, one at a time; decode waits at a boundary until
+    the next rung is ready.
     """
     used = rungs_needed(ladder, prompt_tokens, new_tokens)
     missing_compile = [r for r in used if r not in costs.compile_s]
@@ -338,13 +340,15 @@ def plan_one_ahead(
     windows = rung_windows(ladder, prompt_tokens, costs)
     active_rule = rule if early_start else None
     first = used[0]
-    # The loader builds the first rung's prefill and decode graphs side by side (one on
-    # its worker): a compile keeps about one core busy, so on two or more cores the
-    # foreground is the longer of the two.
+    # The loader builds the first rung's prefill and decode graphs side by side (the
+    # decode graph on its worker): a compile keeps about one core busy, so on two or
+    # more cores the first rung is ready after the longer of the two.
     foreground_s = max(costs.prefill_compile_s, costs.compile_s[first])
+    # The first decode step: after the prompt, and once the decode graph is in.
+    first_step_s = max(costs.prefill_compile_s + costs.prefill_s, costs.compile_s[first])
 
     scheduled: dict[int, ScheduledCompile] = {}
-    worker_free_s = foreground_s
+    worker_free_s = costs.compile_s[first]
 
     def queue(rung: int, entered: int, at_s: float, reason: str) -> None:
         nonlocal worker_free_s
@@ -360,9 +364,9 @@ def plan_one_ahead(
         )
 
     boundaries: list[BoundaryPlan] = []
-    entry_s = foreground_s
+    entry_s = first_step_s
     previous = 0
-    finished_s = foreground_s
+    finished_s = first_step_s
     for i, rung in enumerate(used):
         for successor, reason in successors_to_start(
             ladder, rung, costs.compile_s, windows, active_rule
@@ -370,8 +374,7 @@ def plan_one_ahead(
             queue(successor, rung, entry_s, reason)
         if i == len(used) - 1:
             tokens = prompt_tokens + new_tokens - max(prompt_tokens, previous)
-            prefill_s = costs.prefill_s if i == 0 else 0.0
-            finished_s = entry_s + prefill_s + tokens * costs.decode_s_per_token[rung]
+            finished_s = entry_s + tokens * costs.decode_s_per_token[rung]
             break
         nxt = used[i + 1]
         compile_slot = scheduled[nxt]

@@ -139,3 +139,15 @@ def test_specialization_validation() -> None:
         Specialization.decode(0)
     assert Specialization.prefill(64, 16).label == "prefill@64x16"
     assert Specialization.decode(64).canonical != Specialization.prefill(64, 1).canonical
+
+
+def test_roles_survive_their_json_record(fixture_dir: Path) -> None:
+    import json
+
+    from ovspec.ir.roles import ModelRoles
+
+    roles = load_llm(fixture_dir).roles
+    assert ModelRoles.from_json(json.loads(json.dumps(roles.to_json()))) == roles
+    for broken in ({}, {"kv": []}, {**roles.to_json(), "kv": [{"layer": "x"}]}, "text"):
+        with pytest.raises(ValueError, match="malformed roles record"):
+            ModelRoles.from_json(broken)

@@ -114,3 +114,50 @@ def test_a_sequence_releases_the_rungs_it_has_left(qwen2_dir: Path, store: Store
         kept = decode(loader, list(range(5, 21)), max_new_tokens=40, release_passed_rungs=False)
         assert kept.token_ids == result.token_ids  # re-imported from the store
         assert loader.program(Specialization.decode(32)) is not None
+
+
+def test_a_warm_start_never_reads_the_ir(
+    qwen2_dir: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
+    options = {
+        "ladder": "32,64,128",
+        "properties": EXACT_CPU_PROPERTIES,
+        "store": store,
+        "prefill_chunk_tokens": 8,
+    }
+    with ovspec.open(qwen2_dir, **options) as loader:  # type: ignore[arg-type]
+        cold = decode(loader, prompt, max_new_tokens=100)
+
+    def no_prepare(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a warm start must take the roles from the stored blobs")
+
+    monkeypatch.setattr("ovspec.compile.compiler.prepare_model", no_prepare)
+    with ovspec.open(qwen2_dir, **options) as loader:  # type: ignore[arg-type]
+        warm = decode(loader, prompt, max_new_tokens=100)
+    assert warm.token_ids == cold.token_ids
+    hits = [e for e in warm.events if e.kind is EventKind.STORE_HIT]
+    assert len(hits) == 4  # prefill@32x8 and decode@32, 64, 128
+
+
+def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, store: Store) -> None:
+    prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
+    with ovspec.open(
+        qwen2_dir,
+        ladder="32,64",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        prefill_chunk_tokens=8,
+    ) as loader:
+        result = decode(loader, prompt, max_new_tokens=20)
+    starts = {e.spec: e for e in result.events if e.kind is EventKind.LOAD_START}
+    # The first rung's decode graph loads on the worker (its load is first-rung work,
+    # marked foreground), and the successor is queued only by the first decode step,
+    # after the prompt and after the prefill graph was released.
+    assert starts["decode@32"].foreground and not starts["decode@64"].foreground
+    released = next(e for e in result.events if e.kind is EventKind.RELEASED)
+    assert released.spec.startswith("prefill@") and released.at_s <= starts["decode@64"].at_s
+    prefill_loaded = next(
+        e.at_s for e in result.events if e.kind is EventKind.LOADED and e.spec.startswith("pre")
+    )
+    assert prefill_loaded <= result.ready_s <= result.first_token_s

@@ -52,13 +52,18 @@ def test_one_ahead_loads_the_first_rung_in_front_and_one_successor_behind() -> N
     fake = FakeCompiler()
     with Loader(fake, LADDER, Policy.ONE_AHEAD, prefill_chunk_tokens=16, warm_up=False) as loader:  # type: ignore[arg-type]
         loader.start(32)
+        # start() returns once the prompt's graph is in; the first rung's decode graph
+        # loads on the worker meanwhile, and nothing else is queued yet.
+        assert loader.ready(Specialization.prefill(32, 16))
+        wait_idle(loader, Specialization.decode(32))
+        time.sleep(0.05)
+        assert sorted(fake.loaded) == ["decode@32", "prefill@32x16"]
+        starts = [(e.spec, e.foreground) for e in loader.events if e.kind is EventKind.LOAD_START]
+        assert sorted(starts) == [("decode@32", True), ("prefill@32x16", True)]
+        loader.get(32)  # the first decode step queues the successor, and only it
         wait_idle(loader, Specialization.decode(64))
-        # The first rung's two graphs load side by side (one on the worker), both in
-        # the foreground; the successor is queued only after both.
-        assert sorted(fake.loaded[:2]) == ["decode@32", "prefill@32x16"]
         assert fake.loaded[2:] == ["decode@64"]
         starts = [(e.spec, e.foreground) for e in loader.events if e.kind is EventKind.LOAD_START]
-        assert sorted(starts[:2]) == [("decode@32", True), ("prefill@32x16", True)]
         assert starts[2:] == [("decode@64", False)]
         assert not any(e.kind is EventKind.WAIT for e in loader.events)
         loader.get(64)  # crossing into 64 queues 128, and only 128
@@ -93,7 +98,8 @@ def test_on_demand_never_prefetches() -> None:
 def test_a_successor_not_ready_in_time_is_waited_for_and_the_wait_recorded() -> None:
     fake = FakeCompiler(load_s=0.2)
     with Loader(fake, LADDER, Policy.ONE_AHEAD, warm_up=False) as loader:  # type: ignore[arg-type]
-        loader.start(32)  # 0.2 s in front, then decode@64 starts behind
+        loader.start(32)  # 0.2 s in front
+        loader.get(32)  # the first step: decode@64 starts behind
         loader.get(64)  # at once: the boundary comes before the compile is done
         waits = [e for e in loader.events if e.kind is EventKind.WAIT]
         assert [w.spec for w in waits] == ["decode@64"]
@@ -103,7 +109,8 @@ def test_a_successor_not_ready_in_time_is_waited_for_and_the_wait_recorded() -> 
 def test_a_failed_successor_surfaces_at_its_boundary() -> None:
     fake = FakeCompiler(fail=frozenset({64}))
     with Loader(fake, LADDER, Policy.ONE_AHEAD, warm_up=False) as loader:  # type: ignore[arg-type]
-        loader.start(32)  # the rung-32 graph is fine; 64 fails in the background
+        loader.start(32)
+        loader.get(32)  # the rung-32 graph is fine; 64 fails in the background
         time.sleep(0.1)
         assert any(e.kind is EventKind.FAILED for e in loader.events)
         with pytest.raises(CompileError, match="decode@64: injected"):
@@ -119,6 +126,7 @@ def test_plan_starts_a_successor_early_when_its_window_is_too_short() -> None:
     )
     with Loader(fake, LADDER, Policy.ONE_AHEAD, window_plan=plan, warm_up=False) as loader:  # type: ignore[arg-type]
         loader.start(32)
+        loader.get(32)
         wait_idle(loader, Specialization.decode(128))
         early = [e for e in loader.events if e.kind is EventKind.EARLY_START]
         assert [e.spec for e in early] == ["decode@128"]

@@ -196,7 +196,7 @@ def test_a_faster_compile_can_add_a_stall_under_the_window_rule() -> None:
     assert better.wait_s == 0
 
 
-def test_prefill_runs_inside_the_first_window_and_its_graph_in_the_foreground() -> None:
+def test_the_prompt_runs_while_the_first_decode_graph_loads() -> None:
     costs = RungCosts(
         compile_s={K: 5.0, 2 * K: 6.0},
         decode_s_per_token={K: 0.01, 2 * K: 0.01},
@@ -205,10 +205,20 @@ def test_prefill_runs_inside_the_first_window_and_its_graph_in_the_foreground() 
     )
     plan = plan_one_ahead(Ladder((K, 2 * K)), 128, 2 * K - 128, costs)
     (b,) = plan.boundaries
-    # Prefill (2 s) and decode (5 s) graphs are built side by side: 5 s in front.
+    # Prefill (2 s) and decode (5 s) graphs are built side by side: the rung is ready
+    # at 5 s; the prompt (2 -> 2.5 s) runs meanwhile; the first step at 5 s queues 2K.
     assert plan.foreground_s == 5.0
-    assert b.start_s == 5.0 and math.isclose(b.window_s, 0.5 + 8.96)
-    assert math.isclose(b.boundary_s, 5.0 + 9.46)
+    assert b.start_s == 5.0 and math.isclose(b.window_s, 8.96)
+    assert math.isclose(b.boundary_s, 5.0 + 8.96)
+    # A long prompt delays the first step (and the successor) past the decode graph.
+    slow = RungCosts(
+        compile_s=costs.compile_s,
+        decode_s_per_token=costs.decode_s_per_token,
+        prefill_compile_s=2.0,
+        prefill_s=4.0,
+    )
+    (late,) = plan_one_ahead(Ladder((K, 2 * K)), 128, 2 * K - 128, slow).boundaries
+    assert late.start_s == 6.0 and math.isclose(late.boundary_s, 6.0 + 8.96)
 
 
 def test_a_request_inside_the_first_rung_has_no_boundary() -> None:
@@ -311,7 +321,7 @@ def loader_early_starts(plan: Plan, ladder: Ladder) -> list[tuple[str, str]]:
     ) as loader:  # type: ignore[arg-type]
         rungs = rungs_needed(ladder, plan.prompt_tokens, plan.new_tokens)
         loader.start(rungs[0])
-        for rung in rungs[1:]:
+        for rung in rungs:  # the first rung's first decode step queues its successors
             loader.get(rung)
         return [(e.spec, e.note) for e in loader.events if e.kind is EventKind.EARLY_START]
 
