@@ -30,9 +30,9 @@ CHATML_TEMPLATE = (
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_TOKEN_ID = 0  # <|endoftext|>
-_MERGED_PAIRS = tuple(
-    "th he in er an re on at en nd ti es or te of ed is it al ar st to nt ng se ha".split(" ")
-)
+# Letter pairs merged into one token (and once more after a space).
+_PAIR_LETTERS = "thheinerreonatenndtiesorteofedisitalarsttontngseha"
+_MERGED_PAIRS = tuple(_PAIR_LETTERS[i : i + 2] for i in range(0, len(_PAIR_LETTERS), 2))
 
 
 @dataclass(frozen=True)
