@@ -27,6 +27,11 @@ from ovspec.ir.files import IR_XML_NAME, TOKENIZER_XML_NAME, read_rt_info
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
 MANIFEST_NAME = "ovspec_gguf.json"
+# What openvino-genai 2026.4's GGUF reader builds (src/cpp/src/gguf_utils/).
+GENAI_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GENAI_READS = (
+    "it reads llama, qwen2 and qwen3 files with F16, Q8_0, Q4_0, Q4_1, Q4_K or Q6_K weights"
+)
 _CHUNK_BYTES = 1 << 24
 
 
@@ -36,28 +41,44 @@ def is_gguf_reference(reference: str) -> bool:
 
 @dataclass(frozen=True)
 class GGUFHeader:
-    """What ovspec reads from a GGUF file's metadata (the weights stay unread)."""
+    """What ovspec reads from a GGUF file's metadata and tensor table (not the weights)."""
 
     version: int
     architecture: str
     context_tokens: int | None
+    tensors: int
+    data_end_bytes: int | None  # where the last tensor ends; None if a type is unknown
 
 
 def read_gguf_header(path: Path) -> GGUFHeader:
-    """The architecture and context length of a GGUF file; ``ModelError`` if it is not one."""
+    """The header of a GGUF file; ``ModelError`` if it is not one, or is cut short."""
     try:
         with path.open("rb") as f:
-            return _parse_header(f, path)
+            header = _parse_header(f, path)
+        size = path.stat().st_size
     except OSError as exc:
         raise ModelError(f"cannot read {path}: {exc.strerror}") from exc
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise ModelError(f"{path} has a damaged GGUF header ({exc}); re-download it") from exc
+    # genai reads a truncated file without a word (its tensors then hold garbage).
+    if header.data_end_bytes is not None and size < header.data_end_bytes:
+        raise ModelError(
+            f"{path} is truncated: {size:,} bytes, its tensor table needs "
+            f"{header.data_end_bytes:,}; re-download it"
+        )
+    return header
 
 
 # GGUF metadata value types (the GGUF spec): fixed-size scalars by struct code.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?"}
 _SCALARS |= {10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+# GGML tensor types: (elements per block, bytes per block), for the size check.
+_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24)}
+_BLOCKS |= {8: (32, 34), 9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 144)}
+_BLOCKS |= {13: (256, 176), 14: (256, 210), 15: (256, 292), 24: (1, 1), 25: (1, 2)}
+_BLOCKS |= {26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2)}
+_DEFAULT_ALIGNMENT = 32
 
 
 def _parse_header(f: BinaryIO, path: Path) -> GGUFHeader:
@@ -66,20 +87,40 @@ def _parse_header(f: BinaryIO, path: Path) -> GGUFHeader:
     (version,) = struct.unpack("<I", f.read(4))
     if version < 2:
         raise ModelError(f"{path} is GGUF version {version}; readers need version 2 or later")
-    _tensors, kv_count = struct.unpack("<QQ", f.read(16))
+    tensor_count, kv_count = struct.unpack("<QQ", f.read(16))
     values: dict[str, object] = {}
     for _ in range(kv_count):
         key = _read_string(f)
         (kind,) = struct.unpack("<I", f.read(4))
         values[key] = _read_value(f, kind)
-        arch = values.get("general.architecture")
-        if isinstance(arch, str) and f"{arch}.context_length" in values:
-            break  # everything ovspec needs; the tokenizer's arrays follow
     arch = values.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"{path} has no general.architecture; not an LLM GGUF file")
     context = values.get(f"{arch}.context_length")
-    return GGUFHeader(version, arch, context if isinstance(context, int) and context > 0 else None)
+    end: int | None = 0
+    for _ in range(tensor_count):
+        _read_string(f)
+        (n_dims,) = struct.unpack("<I", f.read(4))
+        dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
+        kind, offset = struct.unpack("<IQ", f.read(12))
+        if end is not None and kind in _BLOCKS:
+            per_block, block_bytes = _BLOCKS[kind]
+            elements = 1
+            for d in dims:
+                elements *= d
+            end = max(end, offset + elements // per_block * block_bytes)
+        else:
+            end = None
+    alignment = values.get("general.alignment", _DEFAULT_ALIGNMENT)
+    align = alignment if isinstance(alignment, int) and alignment > 0 else _DEFAULT_ALIGNMENT
+    data_start = -(-f.tell() // align) * align
+    return GGUFHeader(
+        version=version,
+        architecture=arch,
+        context_tokens=context if isinstance(context, int) and context > 0 else None,
+        tensors=tensor_count,
+        data_end_bytes=None if end is None else data_start + end,
+    )
 
 
 def _read_string(f: BinaryIO) -> str:
@@ -122,6 +163,7 @@ def import_gguf(path: str | Path, models_root: Path) -> Path:
     if not source.is_file():
         raise ModelError(f"GGUF file {source} does not exist")
     header = read_gguf_header(source)
+    _check_readable(source, header)
     digest = gguf_digest(source)
     folder = models_root / f"gguf-{digest}"
     if (folder / IR_XML_NAME).is_file():
@@ -146,6 +188,15 @@ def import_gguf(path: str | Path, models_root: Path) -> Path:
     return folder
 
 
+def _check_readable(source: Path, header: GGUFHeader) -> None:
+    # genai fails on other architectures with a bare "unordered_map::at": say it first.
+    if header.architecture not in GENAI_ARCHITECTURES:
+        raise ModelError(
+            f"{source} holds a {header.architecture!r} model; openvino-genai's GGUF reader "
+            f"builds {', '.join(GENAI_ARCHITECTURES)} only ({GENAI_READS})"
+        )
+
+
 def _build_with_genai(source: Path, staging: Path) -> None:
     try:
         import openvino_genai
@@ -161,11 +212,10 @@ def _build_with_genai(source: Path, staging: Path) -> None:
     link.symlink_to(source)
     try:
         pipeline = openvino_genai.LLMPipeline(str(link), "CPU", enable_save_ov_model=True)
-    except RuntimeError as exc:
+    except Exception as exc:  # genai surfaces C++ errors as several Python types
         raise ModelError(
-            f"openvino-genai cannot read {source}: {openvino_message(exc)} "
-            "(its GGUF reader takes llama, qwen2 and qwen3 files with F16, Q8_0, Q4_0, Q4_1, "
-            "Q4_K or Q6_K weights)"
+            f"openvino-genai cannot read {source}: {type(exc).__name__}: "
+            f"{openvino_message(exc)} ({GENAI_READS})"
         ) from exc
     del pipeline
     link.unlink()
