@@ -15,6 +15,7 @@ import openvino as ov
 
 from ovspec.errors import ModelError, openvino_message
 from ovspec.ir.normalize import NormalizeReport, normalize
+from ovspec.ir.refusals import reshape_refusal
 from ovspec.ir.roles import ModelRoles, discover_roles, kv_past_parameter
 
 # Bump when prepare() or specialize() would make a different graph from the same IR
@@ -116,9 +117,7 @@ class DynamicLLM:
         try:
             model.reshape(shapes)
         except RuntimeError as exc:
-            raise ModelError(
-                f"cannot reshape the IR to {spec.label}: {openvino_message(exc)}"
-            ) from exc
+            raise ModelError(reshape_refusal(spec.label, exc)) from exc
         if model.is_dynamic():
             raise ModelError(f"the IR stays dynamic after reshaping to {spec.label}")
         model.set_friendly_name(f"{model.get_friendly_name()}:{spec.label}")
