@@ -61,14 +61,6 @@ def check_prompt_ids(prompt_ids: Sequence[int], vocab_tokens: int | None, top_to
         )
 
 
-def vocab_tokens(loader: Loader) -> int | None:
-    """The logits' last dimension, if the IR states it."""
-    llm = loader.compiler.llm()
-    shape = llm.model.output(llm.roles.logits).get_partial_shape()
-    last = shape[shape.rank.get_length() - 1] if shape.rank.is_static else None
-    return int(last.get_length()) if last is not None and last.is_static else None
-
-
 def generate(
     loader: Loader,
     prompt_ids: Sequence[int],
@@ -84,7 +76,7 @@ def generate(
     the model by a window of tokens (the longest stop string's token count), as genai's
     does, so no streamed token is later taken back.
     """
-    check_prompt_ids(prompt_ids, vocab_tokens(loader), loader.ladder.top_tokens)
+    check_prompt_ids(prompt_ids, loader.compiler.llm().vocab_tokens, loader.ladder.top_tokens)
     matcher = _StopStrings(config, codec) if config.stop_strings else None
     stop_ids = config.stop_ids
     generated: list[int] = []
