@@ -125,8 +125,14 @@ def generate(
 
 
 class _StopStrings:
-    """genai's stop-string match: decode the last ``window_tokens`` generated tokens (the
-    longest stop string's token count) and look for any stop string in that text."""
+    """genai's stop-string match: decode the last ``window_tokens`` generated tokens and look
+    for any stop string in that text.
+
+    genai's window is the longest stop string's own token count, which misses a string
+    the model spells with more tokens ("ab" generated as "a" + "b"). Every token holds at
+    least one byte, so a window of the string's UTF-8 length cannot miss it: ovspec uses
+    the larger of the two (the streamer lags by that many tokens).
+    """
 
     def __init__(self, config: GenerationConfig, codec: TextCodec | None) -> None:
         if codec is None or not codec.can_decode or not codec.can_encode:
@@ -137,12 +143,12 @@ class _StopStrings:
         self._codec = codec
         self._strings = config.stop_strings
         self._include = config.include_stop_str_in_output
-        self.window_tokens = max(max(len(codec.encode(s)) for s in self._strings), 1)
+        self.window_tokens = max(
+            max(len(codec.encode(s)), len(s.encode("utf-8"))) for s in self._strings
+        )
         self._match: tuple[int, str] | None = None
 
     def matched(self, generated: Sequence[int]) -> bool:
-        if len(generated) < self.window_tokens:
-            return False
         text = self._codec.decode(generated[-self.window_tokens :])
         for stop in self._strings:
             at = text.find(stop)
