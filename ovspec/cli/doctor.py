@@ -34,6 +34,7 @@ def doctor(
     """
     from ovspec.ir.diagnose import diagnose
     from ovspec.ir.model_dir import resolve_model, writes_into_store
+    from ovspec.ir.normalize import RULE_PRESENT_NAMES
     from ovspec.ir.specialize import Specialization, prefill_specialization
     from ovspec.store.local import Store
 
@@ -91,7 +92,9 @@ def doctor(
         click.echo(f"state     {report.variables} variables")
         rules: dict[str, list[str]] = {}
         for rewrite in report.rewrites:
-            rules.setdefault(rewrite.rule, []).append(rewrite.node)
+            # A rename says more than the node it renamed (genai's share one name).
+            shown = rewrite.detail if rewrite.rule == RULE_PRESENT_NAMES else rewrite.node
+            rules.setdefault(rewrite.rule, []).append(shown)
         rewritten = [
             f"{rule} x{len(nodes)} ({', '.join(nodes[:4])}" + (", ...)" if len(nodes) > 4 else ")")
             for rule, nodes in rules.items()

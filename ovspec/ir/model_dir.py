@@ -105,7 +105,9 @@ def writes_into_store(reference: str) -> bool:
     (a built-in model, or the IR built from a GGUF file)."""
     from ovspec.ir.gguf import is_gguf_reference
 
-    return reference.startswith(BUILTIN_PREFIX) or is_gguf_reference(reference)
+    # A GGUF path that is not a file fails in resolve_model before any store is touched.
+    gguf = is_gguf_reference(reference) and Path(reference).expanduser().is_file()
+    return reference.startswith(BUILTIN_PREFIX) or gguf
 
 
 def resolve_model(reference: str, models_root: Path) -> ModelDir:

@@ -50,10 +50,11 @@ def test_a_truncated_header_is_refused(small_gguf: Path, tmp_path: Path) -> None
         read_gguf_header(cut)
 
 
-def test_references() -> None:
+def test_references(small_gguf: Path) -> None:
     assert is_gguf_reference("a/b/Model.GGUF") and not is_gguf_reference("a/model")
-    assert writes_into_store("m.gguf") and writes_into_store("builtin:tiny")
+    assert writes_into_store(str(small_gguf)) and writes_into_store("builtin:tiny")
     assert not writes_into_store("some/folder")
+    assert not writes_into_store("missing.gguf")  # refused before a store is opened
 
 
 def test_imported_once_keyed_by_digest(small_gguf: Path, tmp_path: Path) -> None:
