@@ -179,7 +179,9 @@ def unique_present_names(model: ov.Model) -> list[Rewrite]:
         old = result.output(0).get_any_name() if result.output(0).names else "<unnamed>"
         result.output(0).get_tensor().set_names({new})
         taken.add(new)
-        rewrites.append(Rewrite(RULE_PRESENT_NAMES, result.get_friendly_name(), f"{old} -> {new}"))
+        if old != new:  # of a colliding pair, the one whose name was right stays quiet
+            detail = f"{old} -> {new}"
+            rewrites.append(Rewrite(RULE_PRESENT_NAMES, result.get_friendly_name(), detail))
     return rewrites
 
 
