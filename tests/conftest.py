@@ -64,13 +64,27 @@ def qwen2_dir() -> Path:
     return DATA / "qwen2"
 
 
+# Tiny GGUF files (written by the suite): both architectures openvino-genai reads, F16
+# and a quantized type each.
+GGUF_CASES = (("llama", "F16"), ("llama", "Q8_0"), ("qwen2", "F16"), ("qwen2", "Q4_0"))
+
+
+@pytest.fixture(scope="session", params=GGUF_CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def gguf_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ovspec.testing.gguf import write_gguf
+
+    arch, quant = request.param
+    folder = tmp_path_factory.mktemp("gguf")
+    return write_gguf(arch, folder / f"tiny-{arch}-{quant}.gguf", quant, seed=1)
+
+
 def load_llm(model_dir: Path) -> DynamicLLM:
     return prepare(read_ir(model_dir / "openvino_model.xml"))
 
 
 # A full run (no arguments) that collects fewer tests than this failed to import or
 # find something: fail it rather than pass quietly. Raise it as the suite grows.
-MIN_TESTS_FULL_RUN = 300
+MIN_TESTS_FULL_RUN = 450
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -60,7 +60,7 @@ def build(
     cache_dir: Path | None,
     as_json: bool,
 ) -> None:
-    """Compile MODEL's specializations into the store (MODEL: folder or builtin:PRESET).
+    """Compile MODEL's specializations into the store (MODEL: folder, .gguf or builtin:PRESET).
 
     A second run with the same arguments is all hits and compiles nothing (it does not
     even read or compress the model). Rows print as each specialization lands; the
@@ -76,13 +76,13 @@ def build(
         parse_phases,
         run_build,
     )
-    from ovspec.ir.model_dir import BUILTIN_PREFIX, resolve_model
+    from ovspec.ir.model_dir import resolve_model, writes_into_store
     from ovspec.store.local import Store
 
     root = cache_dir if cache_dir is not None else Store.default_root()
-    # Validate before the store is opened, so bad input leaves it untouched; a
-    # built-in model is the exception: it is written into the store's models/ folder.
-    store = Store(root) if model.startswith(BUILTIN_PREFIX) else None
+    # Validate before the store is opened, so bad input leaves it untouched; a built-in
+    # model or a GGUF file is the exception: its IR is written into the store's models/.
+    store = Store(root) if writes_into_store(model) else None
     model_dir = resolve_model(model, root / "models")
     plan = BuildPlan(
         model=model_dir,

@@ -1,13 +1,15 @@
-"""``ovspec generate``: greedy generation over a ladder, streaming text (or ids) as it goes.
+"""``ovspec generate``: generation over a ladder, streaming text (or ids) as it goes.
 
-Reads the prompt as text (through the model's tokenizer IR) or as token ids, decodes
-with the lazy loader and a growing KV, and reports the rungs, boundaries and events.
+Reads the prompt as text (through the model's tokenizer IR), as a chat message (through
+its chat template) or as token ids, generates with the lazy loader and a growing KV
+(greedy, or sampled with openvino-genai's settings), and reports rungs, boundaries, events.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -25,8 +27,10 @@ from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
-    from ovspec.runtime.decoding import DecodeResult
+    from ovspec.runtime.generation import Generation
     from ovspec.runtime.textcodec import TextStream
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # Kept as literals so `ovspec --help` does not import openvino; a test checks they
 # match ovspec.loader.Policy and ovspec.kv.KVLayout.
@@ -34,10 +38,83 @@ POLICY_CHOICES = ("one_ahead", "eager", "on_demand")
 KV_LAYOUT_CHOICES = ("copy-and-grow", "shared-max")
 
 
+def sampling_options(func: F) -> F:
+    """openvino-genai's GenerationConfig settings, same names and meanings."""
+    options = [
+        click.option(
+            "--do-sample",
+            is_flag=True,
+            help="Sample (multinomial) instead of greedy; the options below shape it.",
+        ),
+        click.option(
+            "--temperature",
+            type=float,
+            default=1.0,
+            show_default=True,
+            help="Softmax temperature (with --do-sample).",
+        ),
+        click.option(
+            "--top-k",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            help="Sample among the K most likely tokens; 0 = all (with --do-sample).",
+        ),
+        click.option(
+            "--top-p",
+            type=float,
+            default=1.0,
+            show_default=True,
+            help="Sample in the smallest set whose probability exceeds P (with --do-sample).",
+        ),
+        click.option(
+            "--repetition-penalty",
+            type=float,
+            default=1.0,
+            show_default=True,
+            help="Divide (x if negative: multiply) logits of prompt and generated ids; 1 = off.",
+        ),
+        click.option(
+            "--rng-seed",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            help="Seed of the sampler: the same seed gives the same tokens.",
+        ),
+        click.option(
+            "--stop-token-id",
+            "stop_token_ids",
+            type=click.IntRange(min=0),
+            multiple=True,
+            help="Stop when this id is generated (beside the model's EOS); repeatable.",
+        ),
+        click.option(
+            "--stop-string",
+            "stop_strings",
+            multiple=True,
+            help="Stop when the text contains this string (cut from the output); repeatable.",
+        ),
+        click.option(
+            "--include-stop-str-in-output",
+            is_flag=True,
+            help="Keep the matched stop string in the output.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 @cli.command()
 @click.argument("model")
 @click.argument("prompt", required=False)
 @click.option("--ids", "ids", type=INT_LIST, default=None, help="Prompt as token ids: 1,2,3.")
+@click.option(
+    "--chat",
+    "chat",
+    default=None,
+    help="A user message, put through the model's chat template (PROMPT is used as is).",
+)
 @click.option(
     "--max-new-tokens",
     type=click.IntRange(min=1),
@@ -64,11 +141,13 @@ KV_LAYOUT_CHOICES = ("copy-and-grow", "shared-max")
 @device_options
 @cache_dir_option
 @click.option("--ignore-eos", is_flag=True, help="Generate --max-new-tokens even past EOS.")
+@sampling_options
 @json_option
 def generate(
     model: str,
     prompt: str | None,
     ids: list[int] | None,
+    chat: str | None,
     max_new_tokens: int,
     ladder: Ladder,
     chunk_tokens: int,
@@ -78,35 +157,65 @@ def generate(
     config: tuple[tuple[str, str], ...],
     cache_dir: Path | None,
     ignore_eos: bool,
+    do_sample: bool,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    repetition_penalty: float,
+    rng_seed: int,
+    stop_token_ids: tuple[int, ...],
+    stop_strings: tuple[str, ...],
+    include_stop_str_in_output: bool,
     as_json: bool,
 ) -> None:
-    """Greedy-decode from PROMPT (text) or --ids with MODEL (folder or builtin:PRESET).
+    """Generate from PROMPT (text), --chat or --ids with MODEL (folder, .gguf or builtin:PRESET).
 
-    Text goes to stdout as tokens arrive, then a one-line summary to stderr.
-    A text prompt needs the model's openvino_tokenizer.xml.
+    Greedy unless --do-sample. Text goes to stdout as tokens arrive, then a one-line
+    summary to stderr. A text prompt needs the model's openvino_tokenizer.xml; unlike
+    openvino-genai's generate(text), PROMPT is not put through the chat template: --chat is.
     """
-    if (prompt is None) == (ids is None):
-        raise click.UsageError("give exactly one of PROMPT (text) or --ids (token ids)")
+    if sum(x is not None for x in (prompt, ids, chat)) != 1:
+        raise click.UsageError(
+            "give exactly one of PROMPT (text), --chat (a message) or --ids (token ids)"
+        )
 
-    from ovspec.ir.model_dir import BUILTIN_PREFIX, resolve_model
-    from ovspec.runtime.decoding import decode
+    from ovspec.ir.model_dir import resolve_model, writes_into_store
+    from ovspec.runtime.chat import chat_prompt_ids
     from ovspec.runtime.decoding import open as open_loader
+    from ovspec.runtime.generation import generate as run_generation
     from ovspec.runtime.kv import KVLayout
     from ovspec.runtime.loader import Policy
+    from ovspec.runtime.sampling import GenerationConfig
     from ovspec.runtime.textcodec import TextCodec, eos_token_ids
     from ovspec.store.local import Store
 
     root = cache_dir if cache_dir is not None else Store.default_root()
-    # As in build: validate before the store is opened, except for a built-in model,
-    # which is written into the store's models/ folder.
-    store = Store(root) if model.startswith(BUILTIN_PREFIX) else None
+    # As in build: validate before the store is opened, except for a built-in model or
+    # a GGUF file, whose IR is written into the store's models/ folder.
+    store = Store(root) if writes_into_store(model) else None
     try:
         model_dir = resolve_model(model, root / "models")
         codec = TextCodec.for_model(model_dir, model)
-        prompt_ids = codec.encode(prompt) if prompt is not None else list(ids or [])
+        if chat is not None:
+            prompt_ids = chat_prompt_ids(model_dir, chat, model)
+        else:
+            prompt_ids = codec.encode(prompt) if prompt is not None else list(ids or [])
         if prompt is not None and not prompt_ids:
             raise BadRequestError(f"the prompt {prompt!r} encodes to no tokens; give some text")
-        stop_ids = frozenset() if ignore_eos else eos_token_ids(model_dir)
+        settings = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            ignore_eos=ignore_eos,
+            eos_token_ids=eos_token_ids(model_dir),
+            stop_token_ids=frozenset(stop_token_ids),
+            stop_strings=stop_strings,
+            include_stop_str_in_output=include_stop_str_in_output,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            repetition_penalty=repetition_penalty,
+            rng_seed=rng_seed,
+        )
         store = store or Store(root)
         write = _Writer(codec.stream() if codec.can_decode else None, quiet=as_json)
         with open_loader(
@@ -118,27 +227,26 @@ def generate(
             policy=Policy(policy),
             prefill_chunk_tokens=chunk_tokens,
         ) as loader:
-            result = decode(
+            generation = run_generation(
                 loader,
                 prompt_ids,
-                max_new_tokens=max_new_tokens,
+                settings,
+                codec=codec,
+                streamer=write.token,
                 kv_layout=KVLayout(kv_layout),
-                stop_ids=stop_ids,
-                on_token=write.token,
             )
         write.finish()
     finally:
         if store is not None:
             store.close()
 
-    stopped_at_eos = bool(result.token_ids) and result.token_ids[-1] in stop_ids
     if as_json:
-        document = _json_document(result, prompt_ids, stopped_at_eos)
+        document = _json_document(generation, prompt_ids)
         if codec.can_decode:
-            document["text"] = codec.decode(result.token_ids)
+            document["text"] = codec.decode(generation.token_ids)
         emit_json(document)
         return
-    click.echo(_summary(result, stopped_at_eos), err=True)
+    click.echo(_summary(generation), err=True)
 
 
 class _Writer:
@@ -149,16 +257,17 @@ class _Writer:
         self._quiet = quiet
         self._count = 0
 
-    def token(self, token_id: int) -> None:
+    def token(self, token_id: int) -> bool:
         self._count += 1
         if self._quiet:
-            return
+            return False
         if self._stream is not None:
             piece = self._stream.push(token_id)
         else:
             piece = f"{' ' if self._count > 1 else ''}{token_id}"
         if piece:
             click.echo(piece, nl=False)  # click.echo flushes: the text appears per token
+        return False
 
     def finish(self) -> None:
         if self._quiet:
@@ -168,13 +277,12 @@ class _Writer:
         click.echo("")
 
 
-def _json_document(
-    result: DecodeResult, prompt_ids: list[int], stopped_at_eos: bool
-) -> dict[str, object]:
+def _json_document(generation: Generation, prompt_ids: list[int]) -> dict[str, object]:
+    result = generation.decoded
     return {
         "prompt_ids": prompt_ids,
-        "token_ids": list(result.token_ids),
-        "stop_reason": "eos" if stopped_at_eos else "max_new_tokens",
+        "token_ids": list(generation.token_ids),
+        "stop_reason": generation.stop_reason.value,
         "rungs": list(result.rungs),
         "boundaries": [
             {
@@ -203,15 +311,18 @@ def _json_document(
     }
 
 
-def _summary(result: DecodeResult, stopped_at_eos: bool) -> str:
-    n = len(result.token_ids)
+def _summary(generation: Generation) -> str:
+    result = generation.decoded
+    n = len(generation.token_ids)
+    stopped = {"eos": " (stopped at EOS)", "stop_string": " (stopped at a stop string)"}
     boundaries = len(result.boundaries)
     wait_s = sum(b.program_wait_s for b in result.boundaries)
     # The first token comes from the prefill; each later one costs a decode step.
     decode_s = result.finished_s - result.first_token_s
-    rate = f"{(n - 1) / decode_s:.1f} tokens/s" if n > 1 and decode_s > 0 else "n/a tokens/s"
+    run = len(result.token_ids)  # before stop-string trimming: what the model ran
+    rate = f"{(run - 1) / decode_s:.1f} tokens/s" if run > 1 and decode_s > 0 else "n/a tokens/s"
     return (
-        f"{n} tokens{' (stopped at EOS)' if stopped_at_eos else ''}; "
+        f"{n} tokens{stopped.get(generation.stop_reason.value, '')}; "
         f"rungs {','.join(map(str, result.rungs))}; "
         f"{boundaries} {'boundary' if boundaries == 1 else 'boundaries'} "
         f"(program wait {wait_s:.3f} s); "

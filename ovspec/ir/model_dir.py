@@ -14,10 +14,9 @@ from pathlib import Path
 import xxhash
 
 from ovspec.errors import ModelError
+from ovspec.ir.files import DETOKENIZER_XML_NAME, IR_XML_NAME, TOKENIZER_XML_NAME
 
-IR_XML_NAME = "openvino_model.xml"
-TOKENIZER_XML_NAME = "openvino_tokenizer.xml"
-DETOKENIZER_XML_NAME = "openvino_detokenizer.xml"
+__all__ = ["DETOKENIZER_XML_NAME", "IR_XML_NAME", "TOKENIZER_XML_NAME", "ModelDir"]
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,23 @@ def _read_config(path: Path) -> dict[str, object]:
 BUILTIN_PREFIX = "builtin:"
 
 
+def writes_into_store(reference: str) -> bool:
+    """Whether resolving ``reference`` writes a model into the store's ``models/`` folder
+    (a built-in model, or the IR built from a GGUF file)."""
+    from ovspec.ir.gguf import is_gguf_reference
+
+    # A GGUF path that is not a file fails in resolve_model before any store is touched.
+    gguf = is_gguf_reference(reference) and Path(reference).expanduser().is_file()
+    return reference.startswith(BUILTIN_PREFIX) or gguf
+
+
 def resolve_model(reference: str, models_root: Path) -> ModelDir:
-    """A model folder path, or ``builtin:PRESET`` (written once under ``models_root``)."""
+    """A model folder path, a ``.gguf`` file (its IR built once under ``models_root``), or
+    ``builtin:PRESET`` (written once under ``models_root``)."""
+    from ovspec.ir.gguf import import_gguf, is_gguf_reference
+
+    if is_gguf_reference(reference):
+        return ModelDir.open(import_gguf(reference, models_root))
     if not reference.startswith(BUILTIN_PREFIX):
         return ModelDir.open(reference)
     # Imported here: building a model needs openvino, a plain path does not.

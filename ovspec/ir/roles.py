@@ -157,7 +157,7 @@ def discover_roles(model: ov.Model) -> ModelRoles:
     for index, result in enumerate(model.get_results()):
         out_name = result.output(0).get_any_name() if result.output(0).names else f"result{index}"
         producer = result.input_value(0).get_node()
-        past = _kv_past_parameter(producer)
+        past = kv_past_parameter(producer)
         if past is None:
             if logits is None and (out_name == "logits" or "logits" in result.output(0).names):
                 logits = out_name
@@ -171,11 +171,26 @@ def discover_roles(model: ov.Model) -> ModelRoles:
         )
     if logits is None:
         raise ModelError("the IR has no 'logits' output")
+    _check_unique_present_names(kv)
     kv.sort(key=lambda r: (r.layer, r.kind is KVKind.VALUE))
     seen = {(r.layer, r.kind) for r in kv}
     if len(seen) != len(kv):
         raise ModelError("two KV tensors claim the same layer and kind; cannot tell layers apart")
     return ModelRoles(input_ids, attention_mask, position_ids, logits, tuple(kv))
+
+
+def _check_unique_present_names(kv: list[KVRole]) -> None:
+    # A shared name would make every name-keyed lookup read one tensor twice: silent
+    # garbage, so refuse (normalize renames what it can before roles are found).
+    owners: dict[str, list[str]] = {}
+    for role in kv:
+        owners.setdefault(role.present_output, []).append(role.past_input)
+    for name, pasts in owners.items():
+        if len(pasts) > 1:
+            raise ModelError(
+                f"KV outputs of {' and '.join(pasts)} share the name {name!r}; expected one "
+                "distinct present output per past input"
+            )
 
 
 def _require_input(params: dict[str, ov.Node], name: str) -> str:
@@ -187,7 +202,7 @@ def _require_input(params: dict[str, ov.Node], name: str) -> str:
     return name
 
 
-def _kv_past_parameter(node: ov.Node) -> ov.Node | None:
+def kv_past_parameter(node: ov.Node) -> ov.Node | None:
     """The past parameter if ``node`` is a KV Concat (past ++ new along one axis)."""
     if node.get_type_name() != "Concat" or node.get_input_size() != 2:
         return None

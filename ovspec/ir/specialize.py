@@ -8,20 +8,24 @@ present outputs carry only the new tokens' K/V, then a static reshape per
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 import openvino as ov
 
 from ovspec.errors import ModelError, arg, openvino_message
-from ovspec.ir.roles import ModelRoles, discover_roles
+from ovspec.ir.normalize import NormalizeReport, normalize
+from ovspec.ir.refusals import reshape_refusal
+from ovspec.ir.roles import ModelRoles, discover_roles, kv_past_parameter
 
 # Bump when prepare() or specialize() would make a different graph from the same IR
 # (a new rewrite, a changed one): blob keys carry it, so no blob of an older pipeline
 # is served for the new one.
 # History: 1 — stateful->stateless, new-token-only presents, static reshape (2026-11).
-TRANSFORMS_VERSION = 1
+#          2 — normalize after stateful->stateless: bidirectional broadcasts keep real
+#              dims, colliding present names renamed (issue 13, 2026-12).
+TRANSFORMS_VERSION = 2
 
 
 def transforms_id() -> str:
@@ -95,6 +99,16 @@ class DynamicLLM:
 
     model: ov.Model
     roles: ModelRoles
+    normalized: NormalizeReport = field(default_factory=NormalizeReport)
+
+    @property
+    def vocab_tokens(self) -> int | None:
+        """The logits' last dimension, if the IR states it."""
+        shape = self.model.output(self.roles.logits).get_partial_shape()
+        if shape.rank.is_dynamic or shape.rank.get_length() == 0:
+            return None
+        last = shape[shape.rank.get_length() - 1]
+        return int(last.get_length()) if last.is_static else None
 
     def static_shapes(self, spec: Specialization) -> dict[str, list[int]]:
         chunk, cap = spec.chunk_tokens, spec.capacity_tokens
@@ -124,9 +138,7 @@ class DynamicLLM:
         try:
             model.reshape(shapes)
         except RuntimeError as exc:
-            raise ModelError(
-                f"cannot reshape the IR to {spec.label}: {openvino_message(exc)}"
-            ) from exc
+            raise ModelError(reshape_refusal(spec.label, exc)) from exc
         if model.is_dynamic():
             raise ModelError(f"the IR stays dynamic after reshaping to {spec.label}")
         model.set_friendly_name(f"{model.get_friendly_name()}:{spec.label}")
@@ -148,19 +160,32 @@ def prepare(model: ov.Model) -> DynamicLLM:
 
     Mutates ``model`` (read a fresh one, or pass a clone).
     """
-    if model.get_variables():
-        # Imported here: the offline transformations load a separate native module.
-        from openvino._offline_transformations import stateful_to_stateless_transformation
-
-        stateful_to_stateless_transformation(model)
-        if model.get_variables():
-            raise ModelError("stateful -> stateless left variables in the graph")
+    to_stateless(model)
+    report = normalize(model)
     roles = discover_roles(model)
-    results = {r.output(0).get_any_name(): r for r in model.get_results() if r.output(0).names}
+    # Each present result is found by the past input its Concat reads, not by name:
+    # names are what exporters get wrong (normalize.py, rule 2).
+    by_past: dict[str, ov.Node] = {}
+    for result in model.get_results():
+        past = kv_past_parameter(result.input_value(0).get_node())
+        if past is not None:
+            by_past[past.output(0).get_any_name()] = result
     for role in roles.kv:
-        result = results[role.present_output]
+        result = by_past[role.past_input]
         concat = result.input_value(0).get_node()
         # Input 1 of the KV Concat is the new tokens' K/V (input 0 is the past).
         result.input(0).replace_source_output(concat.input_value(1))
     model.validate_nodes_and_infer_types()
-    return DynamicLLM(model, roles)
+    return DynamicLLM(model, roles, report)
+
+
+def to_stateless(model: ov.Model) -> None:
+    """OpenVINO's stateful -> stateless transformation, in place (no-op if stateless)."""
+    if not model.get_variables():
+        return
+    # Imported here: the offline transformations load a separate native module.
+    from openvino._offline_transformations import stateful_to_stateless_transformation
+
+    stateful_to_stateless_transformation(model)
+    if model.get_variables():
+        raise ModelError("stateful -> stateless left variables in the graph")

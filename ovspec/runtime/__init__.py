@@ -1,8 +1,8 @@
 """Decoding through a ladder: the lazy loader, its deadline plan, KV memory, the
 decode session, text in and out, and the library entry points ``open``/``decode``.
 
-Imports ``compile``, ``ir``, ``store`` and the primitives. Sampling and batching land
-here.
+Imports ``compile``, ``ir``, ``store`` and the primitives. Sampling, generation with
+stop conditions and chat prompts live here; batching lands here.
 """
 
 from __future__ import annotations

@@ -125,13 +125,16 @@ def decode(
     kv_layout: KVLayout = KVLayout.COPY_AND_GROW,
     stop_ids: frozenset[int] = frozenset(),
     keep_logits: Callable[[int, int], bool] | None = None,
-    on_token: Callable[[int], None] | None = None,
+    on_token: Callable[[int], object] | None = None,
     release_passed_rungs: bool = True,
+    choose: Callable[[np.ndarray], int] | None = None,
 ) -> DecodeResult:
     """Greedy decoding (``max_new_tokens``) or teacher forcing (``forced_ids``).
 
     ``keep_logits(step, live_tokens)`` chooses which steps' logits to return (step 0
-    is the prompt's last position); ``on_token`` streams generated ids. With
+    is the prompt's last position); ``on_token`` streams generated ids and ends the
+    sequence by returning a true value; ``choose`` picks each next token from the logits
+    (default ``argmax``: greedy; see ``runtime.sampling``). With
     ``release_passed_rungs`` the loader drops the graphs of rungs the sequence has left
     (and the prefill graph once the prompt is in): a rung's compiled model holds its
     own copy of the weights. Keep them when the loader serves more sequences.
@@ -170,11 +173,13 @@ def decode(
         tokens: list[int] = []
         budget = len(forced_ids) if forced_ids is not None else max_new_tokens
         for step in range(1, budget + 1):
-            token = int(forced_ids[step - 1]) if forced_ids is not None else int(np.argmax(logits))
+            if forced_ids is not None:
+                token = int(forced_ids[step - 1])
+            else:
+                token = int(np.argmax(logits)) if choose is None else choose(logits)
             tokens.append(token)
-            if on_token is not None:
-                on_token(token)
-            if forced_ids is None and (token in stop_ids or step == budget):
+            stop = bool(on_token(token)) if on_token is not None else False
+            if forced_ids is None and (stop or token in stop_ids or step == budget):
                 break
             logits = session.step(token)
             reserved.append((kv.live_tokens, kv.reserved_bytes))

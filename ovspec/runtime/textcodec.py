@@ -14,6 +14,7 @@ import numpy as np
 import openvino as ov
 
 from ovspec.errors import BadRequestError, ModelError, arg, openvino_message
+from ovspec.ir.files import read_rt_info
 from ovspec.ir.model_dir import DETOKENIZER_XML_NAME, TOKENIZER_XML_NAME, ModelDir
 
 GENERATION_CONFIG_NAME = "generation_config.json"
@@ -162,7 +163,8 @@ def eos_token_ids(model_dir: ModelDir) -> frozenset[int]:
     """Stop ids: ``eos_token_id`` (an int or a list) of generation_config.json and config.json.
 
     The union, because exports disagree: an instruct model's generation config often
-    lists its chat end token beside the base model's EOS that config.json keeps.
+    lists its chat end token beside the base model's EOS that config.json keeps. With
+    neither, the tokenizer IR's ``eos_token_id`` (as openvino-genai falls back to it).
     """
     found: set[int] = set()
     path = model_dir.root / GENERATION_CONFIG_NAME
@@ -186,6 +188,10 @@ def eos_token_ids(model_dir: ModelDir) -> frozenset[int]:
                     "or a list of them"
                 )
             found.add(v)
+    if not found and model_dir.tokenizer_xml is not None:
+        eos = read_rt_info(model_dir.tokenizer_xml).get("eos_token_id", "")
+        if eos.isdigit():
+            found.add(int(eos))
     return frozenset(found)
 
 

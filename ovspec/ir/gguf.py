@@ -1,0 +1,245 @@
+"""GGUF input: a ``.gguf`` file becomes an OpenVINO IR folder once, kept beside the built-in
+models in the store's ``models/`` folder, keyed by the file's digest.
+
+openvino-genai's GGUF reader builds the IR (``LLMPipeline(file, enable_save_ov_model=True)``
+writes it, with tokenizer and detokenizer IRs, next to the file it reads); ovspec adds a
+``config.json`` with what only the GGUF header says (the position limit, EOS). The
+folder appears by one rename, so a reader never sees half of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import xxhash
+
+from ovspec.errors import ModelError, openvino_message
+from ovspec.ir.files import IR_XML_NAME, TOKENIZER_XML_NAME, read_rt_info
+
+GGUF_SUFFIX = ".gguf"
+GGUF_MAGIC = b"GGUF"
+MANIFEST_NAME = "ovspec_gguf.json"
+# What openvino-genai 2026.4's GGUF reader builds (src/cpp/src/gguf_utils/).
+GENAI_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GENAI_READS = (
+    "it reads llama, qwen2 and qwen3 files with F16, Q8_0, Q4_0, Q4_1, Q4_K or Q6_K weights"
+)
+_CHUNK_BYTES = 1 << 24
+
+
+def is_gguf_reference(reference: str) -> bool:
+    return reference.lower().endswith(GGUF_SUFFIX)
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """What ovspec reads from a GGUF file's metadata and tensor table (not the weights)."""
+
+    version: int
+    architecture: str
+    context_tokens: int | None
+    tensors: int
+    data_end_bytes: int | None  # where the last tensor ends; None if a type is unknown
+
+
+def read_gguf_header(path: Path) -> GGUFHeader:
+    """The header of a GGUF file; ``ModelError`` if it is not one, or is cut short."""
+    try:
+        with path.open("rb") as f:
+            header = _parse_header(f, path)
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ModelError(f"cannot read {path}: {exc.strerror}") from exc
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        raise ModelError(f"{path} has a damaged GGUF header ({exc}); re-download it") from exc
+    # genai reads a truncated file without a word (its tensors then hold garbage).
+    if header.data_end_bytes is not None and size < header.data_end_bytes:
+        raise ModelError(
+            f"{path} is truncated: {size:,} bytes, its tensor table needs "
+            f"{header.data_end_bytes:,}; re-download it"
+        )
+    return header
+
+
+# GGUF metadata value types (the GGUF spec): fixed-size scalars by struct code.
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?"}
+_SCALARS |= {10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+# GGML tensor types: (elements per block, bytes per block), for the size check.
+_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24)}
+_BLOCKS |= {8: (32, 34), 9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 144)}
+_BLOCKS |= {13: (256, 176), 14: (256, 210), 15: (256, 292), 24: (1, 1), 25: (1, 2)}
+_BLOCKS |= {26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2)}
+_DEFAULT_ALIGNMENT = 32
+
+
+def _parse_header(f: BinaryIO, path: Path) -> GGUFHeader:
+    if f.read(4) != GGUF_MAGIC:
+        raise ModelError(f"{path} is not a GGUF file (no GGUF magic at its start)")
+    (version,) = struct.unpack("<I", f.read(4))
+    if version < 2:
+        raise ModelError(f"{path} is GGUF version {version}; readers need version 2 or later")
+    tensor_count, kv_count = struct.unpack("<QQ", f.read(16))
+    values: dict[str, object] = {}
+    for _ in range(kv_count):
+        key = _read_string(f)
+        (kind,) = struct.unpack("<I", f.read(4))
+        values[key] = _read_value(f, kind)
+    arch = values.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelError(f"{path} has no general.architecture; not an LLM GGUF file")
+    context = values.get(f"{arch}.context_length")
+    end: int | None = 0
+    for _ in range(tensor_count):
+        _read_string(f)
+        (n_dims,) = struct.unpack("<I", f.read(4))
+        dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
+        kind, offset = struct.unpack("<IQ", f.read(12))
+        if end is not None and kind in _BLOCKS:
+            per_block, block_bytes = _BLOCKS[kind]
+            elements = 1
+            for d in dims:
+                elements *= d
+            end = max(end, offset + elements // per_block * block_bytes)
+        else:
+            end = None
+    alignment = values.get("general.alignment", _DEFAULT_ALIGNMENT)
+    align = alignment if isinstance(alignment, int) and alignment > 0 else _DEFAULT_ALIGNMENT
+    data_start = -(-f.tell() // align) * align
+    return GGUFHeader(
+        version=version,
+        architecture=arch,
+        context_tokens=context if isinstance(context, int) and context > 0 else None,
+        tensors=tensor_count,
+        data_end_bytes=None if end is None else data_start + end,
+    )
+
+
+def _read_string(f: BinaryIO) -> str:
+    (length,) = struct.unpack("<Q", f.read(8))
+    data = f.read(length)
+    if len(data) != length:
+        raise ValueError("truncated string")
+    return data.decode("utf-8")
+
+
+def _read_value(f: BinaryIO, kind: int) -> object:
+    if kind in _SCALARS:
+        code = "<" + _SCALARS[kind]
+        return struct.unpack(code, f.read(struct.calcsize(code)))[0]
+    if kind == _STRING:
+        return _read_string(f)
+    if kind == _ARRAY:
+        item_kind, count = struct.unpack("<IQ", f.read(12))
+        if item_kind in _SCALARS:  # skipped, not decoded: vocabularies are large
+            f.seek(count * struct.calcsize("<" + _SCALARS[item_kind]), os.SEEK_CUR)
+        else:
+            for _ in range(count):
+                _read_value(f, item_kind)
+        return None
+    raise ValueError(f"unknown metadata type {kind}")
+
+
+def gguf_digest(path: Path) -> str:
+    """xxh3-128 of the whole file (the folder's key; a re-quantized file is another model)."""
+    digest = xxhash.xxh3_128()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def import_gguf(path: str | Path, models_root: Path) -> Path:
+    """The IR folder of a GGUF file, built once through openvino-genai; returns the folder."""
+    source = Path(path).expanduser()
+    if not source.is_file():
+        raise ModelError(f"GGUF file {source} does not exist")
+    header = read_gguf_header(source)
+    _check_readable(source, header)
+    digest = gguf_digest(source)
+    folder = models_root / f"gguf-{digest}"
+    if (folder / IR_XML_NAME).is_file():
+        return folder
+    models_root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".gguf-{digest[:12]}.", suffix=".tmp", dir=models_root))
+    try:
+        _build_with_genai(source.resolve(), staging)
+        _write_config(staging, header, digest, source)
+        staging.chmod(0o755)  # mkdtemp makes it 0700
+        try:
+            # rename(2) onto a missing folder; a concurrent builder that won the race makes
+            # it fail, and its folder is as good as ours.
+            os.replace(staging, folder)
+        except OSError:
+            if not (folder / IR_XML_NAME).is_file():
+                raise
+    except OSError as exc:
+        raise ModelError(f"cannot write the IR of {source} into {models_root}: {exc}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def _check_readable(source: Path, header: GGUFHeader) -> None:
+    # genai fails on other architectures with a bare "unordered_map::at": say it first.
+    if header.architecture not in GENAI_ARCHITECTURES:
+        raise ModelError(
+            f"{source} holds a {header.architecture!r} model; openvino-genai's GGUF reader "
+            f"builds {', '.join(GENAI_ARCHITECTURES)} only ({GENAI_READS})"
+        )
+
+
+def _build_with_genai(source: Path, staging: Path) -> None:
+    try:
+        import openvino_genai
+    except ImportError as exc:
+        raise ModelError(
+            f"reading {source.name} needs openvino-genai's GGUF reader: "
+            "pip install 'ovspec[genai]' (or openvino-genai)"
+        ) from exc
+    # genai saves the IR next to the file it reads: read it through a link in the staging
+    # folder. Constructing the pipeline compiles the model once on CPU (the cost of one
+    # genai start); only its saved files are kept.
+    link = staging / source.name
+    link.symlink_to(source)
+    try:
+        pipeline = openvino_genai.LLMPipeline(str(link), "CPU", enable_save_ov_model=True)
+    except Exception as exc:  # genai surfaces C++ errors as several Python types
+        raise ModelError(
+            f"openvino-genai cannot read {source}: {type(exc).__name__}: "
+            f"{openvino_message(exc)} ({GENAI_READS})"
+        ) from exc
+    del pipeline
+    link.unlink()
+    if not (staging / IR_XML_NAME).is_file():
+        raise ModelError(f"openvino-genai read {source} but saved no {IR_XML_NAME}")
+
+
+def _write_config(staging: Path, header: GGUFHeader, digest: str, source: Path) -> None:
+    config: dict[str, object] = {"model_type": header.architecture}
+    if header.context_tokens is not None:
+        config["max_position_embeddings"] = header.context_tokens
+    with contextlib.suppress(ModelError):
+        eos = read_rt_info(staging / TOKENIZER_XML_NAME).get("eos_token_id", "")
+        if eos.isdigit():
+            config["eos_token_id"] = int(eos)
+    (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    manifest = {
+        "source": str(source),
+        "digest_xxh3_128": digest,
+        "gguf_version": header.version,
+        "built_by": "openvino-genai LLMPipeline(enable_save_ov_model=True)",
+        # genai saves the IR with compress_to_fp16: for F16/F32 files f32 constants
+        # (RoPE frequencies, norms, biases) are rounded to f16, so this IR can differ
+        # slightly from the model genai runs from the GGUF itself.
+        "note": "f32 constants of F16/F32 GGUF files are saved rounded to f16",
+    }
+    (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
