@@ -114,21 +114,28 @@ def check_model(plan: BuildPlan) -> DynamicLLM:
     return prepare_model(plan.model, plan.compression)
 
 
-def all_stored(plan: BuildPlan, store: Store) -> bool:
-    """Whether every specialization of ``plan`` looks stored already: then a build is
-    all hits and never needs the prepared (or compressed) model. Counts nothing and
-    writes nothing: the model's files are hashed in memory (reading the on-disk digest
-    memo would update it, and bad input must leave the store as it was)."""
-    compiler = Compiler(
+def _compiler(
+    plan: BuildPlan, store: Store, memo: DigestMemo | None = None, llm: DynamicLLM | None = None
+) -> Compiler:
+    return Compiler(
         plan.model,
         plan.device,
         plan.properties,
         store,
         compression=plan.compression,
         patch_id=plan.patch_id,
-        memo=DigestMemo(None),
+        memo=memo,
         blob_mode=plan.blob_mode,
+        llm=llm,
     )
+
+
+def all_stored(plan: BuildPlan, store: Store) -> bool:
+    """Whether every specialization of ``plan`` looks stored already: then a build is
+    all hits and never needs the prepared (or compressed) model. Counts nothing and
+    writes nothing: the model's files are hashed in memory (reading the on-disk digest
+    memo would update it, and bad input must leave the store as it was)."""
+    compiler = _compiler(plan, store, memo=DigestMemo(None))
     try:
         return all(store.peek(compiler.key(spec)) for spec in plan.specializations())
     finally:
@@ -142,16 +149,7 @@ def run_build(
     llm: DynamicLLM | None = None,
 ) -> BuildReport:
     """Build every specialization of ``plan`` into ``store``."""
-    compiler = Compiler(
-        plan.model,
-        plan.device,
-        plan.properties,
-        store,
-        compression=plan.compression,
-        patch_id=plan.patch_id,
-        blob_mode=plan.blob_mode,
-        llm=llm,
-    )
+    compiler = _compiler(plan, store, llm=llm)
     specs = plan.specializations()
     began = time.perf_counter()
     try:
