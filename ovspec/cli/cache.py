@@ -15,6 +15,7 @@ from typing import TypeVar
 import click
 
 from ovspec.cli import cli
+from ovspec.cli.options import trust_shared_store_option
 from ovspec.store.keys import explain as explain_keys
 from ovspec.store.local import Store, StoreEntry
 
@@ -32,15 +33,18 @@ def _cache_dir_option(f: _F) -> _F:
         default=None,
         help="Store folder. [default: $OVSPEC_CACHE_DIR, else the user cache folder]",
     )
-    return option(f)
+    return option(trust_shared_store_option(f))
 
 
 def _json_option(f: _F) -> _F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
 
 
-def _open(cache_dir: Path | None) -> Store:
-    return Store(cache_dir if cache_dir is not None else Store.default_root(), strict=True)
+def _open(cache_dir: Path | None, *, repair: bool = False) -> Store:
+    """``repair``: open a store that has a link where a folder belongs, to report it
+    (check) or replace it (check --fix, gc, clear)."""
+    root = cache_dir if cache_dir is not None else Store.default_root()
+    return Store(root, strict=True, repair=repair)
 
 
 def _echo_json(value: object) -> None:
@@ -148,7 +152,7 @@ def stats(cache_dir: Path | None, as_json: bool) -> None:
 @click.pass_context
 def check(ctx: click.Context, cache_dir: Path | None, fix: bool, as_json: bool) -> None:
     """Verify every payload, sidecar and index row; exit 1 if problems remain."""
-    with _open(cache_dir) as store:
+    with _open(cache_dir, repair=True) as store:
         found = store.check(fix=fix)
         remaining = store.check() if fix and found else found
         if as_json:
@@ -181,7 +185,7 @@ def check(ctx: click.Context, cache_dir: Path | None, fix: bool, as_json: bool) 
 )
 def gc(cache_dir: Path | None, size_limit_bytes: int | None) -> None:
     """Evict least-recently-used blobs down to the size limit; remove stale temps."""
-    with _open(cache_dir) as store:
+    with _open(cache_dir, repair=True) as store:
         if size_limit_bytes is not None:
             store.set_size_limit(size_limit_bytes)
         report = store.gc()
@@ -199,7 +203,7 @@ def gc(cache_dir: Path | None, size_limit_bytes: int | None) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def clear(cache_dir: Path | None, yes: bool) -> None:
     """Remove every blob and reset the statistics (keeps the size limit)."""
-    with _open(cache_dir) as store:
+    with _open(cache_dir, repair=True) as store:
         n = len(store.entries())
         if not yes:
             click.confirm(f"remove all {n} entries from {store.root}?", abort=True)

@@ -20,6 +20,7 @@ from ovspec.compile.devices import device_family
 from ovspec.errors import BadRequestError
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import resolve_model
+from ovspec.ir.specialize import DynamicLLM
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import KVLayout, make_kv
 from ovspec.runtime.loader import Loader, LoaderEvent, Policy, WindowPlan
@@ -97,6 +98,20 @@ def loader_properties(device: str, properties: Mapping[str, str]) -> dict[str, s
     return props
 
 
+def _check_token_ids(llm: DynamicLLM, ids: Sequence[int]) -> None:
+    """Token ids outside ``[0, vocab)`` index past the embedding table: refuse them here,
+    before anything compiles, rather than decode garbage or crash (issue 10)."""
+    dim = llm.model.output(llm.roles.logits).get_partial_shape()[-1]
+    vocab = dim.get_length() if dim.is_static else None
+    for token in ids:
+        if token < 0 or (vocab is not None and token >= vocab):
+            bound = f"[0, {vocab})" if vocab is not None else "ids >= 0"
+            raise BadRequestError(
+                f"token id {token} is outside the model's vocabulary {bound}; "
+                "give ids the model's tokenizer produces"
+            )
+
+
 @dataclass(frozen=True)
 class DecodeResult:
     """One sequence's run: what came out and what happened on the way."""
@@ -136,7 +151,9 @@ def decode(
     if not prompt_ids:
         raise BadRequestError("the prompt is empty; give at least one token id")
     ladder = loader.ladder
-    roles = loader.compiler.llm().roles
+    llm = loader.compiler.llm()
+    roles = llm.roles
+    _check_token_ids(llm, [*prompt_ids, *(forced_ids or ())])
     # Greedy decoding never feeds its last token back; teacher forcing feeds them all.
     fed = len(forced_ids) if forced_ids is not None else max(max_new_tokens - 1, 0)
     if len(prompt_ids) + fed > ladder.top_tokens:

@@ -1,14 +1,11 @@
 """The persistent, content-addressed blob store: one payload file per ``BlobKey``.
 
-Owns reads (verified on every lookup, self-healing from sidecars), writes (the
-per-key lock, produce into a temp file, commit by rename, fail open outside the
-store), LRU eviction and the public maintenance calls. The folder layout is
-``layout``'s, the index ``index``'s, entry files ``files``'s and the self-check,
+Owns reads (verified on every lookup), writes (the per-key lock, produce into a temp
+file, commit by rename, fail open outside the store) and the public maintenance
+calls. Opening (trust, format, index recovery) is ``opening``'s, the folder layout
+``layout``'s, the index ``index``'s, entry files ``files``'s, repairs on the read
+path ``healing``'s, the write path ``publish``'s and the self-check, eviction,
 garbage collection and clearing ``maintenance``'s. OpenVINO is never imported here.
-
-Compared with OpenVINO's own CACHE_DIR: 128-bit named-component keys, atomic
-temp+fsync+rename writes, a cross-process lock per key, LRU eviction under a size
-limit, an xxh3-128 checksum verified on every read, and statistics.
 """
 
 from __future__ import annotations
@@ -16,16 +13,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
-import tempfile
+import mmap
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ovspec.errors import StoreError
-from ovspec.store import maintenance, publish
-from ovspec.store.files import EntryFiles, Verdict, verify
+from ovspec.store import healing, maintenance, opening, publish
+from ovspec.store.files import EntryFiles, Verdict, map_verified
 from ovspec.store.index import (
     INDEX_ERRORS,
     STAT_EVICTIONS,
@@ -33,19 +29,14 @@ from ovspec.store.index import (
     STAT_MISSES,
     STAT_QUARANTINED,
     STAT_SAVED_US,
-    Index,
 )
 from ovspec.store.keys import BlobKey
-from ovspec.store.layout import (
-    ENV_ROOT,
-    STORE_FORMAT_VERSION,
-    StoreLayout,
-    default_root,
-)
-from ovspec.store.locks import KeyLock, try_lock
+from ovspec.store.layout import ENV_ROOT, STORE_FORMAT_VERSION, StoreLayout, default_root
+from ovspec.store.locks import ENV_LOCK_WAIT_S, KeyLock, LockPolicy, LockTimeout, try_lock
 from ovspec.store.records import (
     BlobOutcome,
     GcReport,
+    PayloadWriteError,
     ProducedBlob,
     StoreEntry,
     StoreStats,
@@ -53,12 +44,15 @@ from ovspec.store.records import (
     entry_from_json,
     row_json,
 )
+from ovspec.store.trust import trust_shared_from_env
 
 __all__ = [
     "DEFAULT_SIZE_LIMIT_BYTES",
     "STORE_FORMAT_VERSION",
     "BlobOutcome",
     "GcReport",
+    "LockPolicy",
+    "PayloadWriteError",
     "ProducedBlob",
     "Store",
     "StoreEntry",
@@ -82,6 +76,13 @@ class Store:
     still gets a usable blob (or a miss); ``strict=True`` raises ``StoreError``
     instead. A corrupt or missing payload is never returned: it is quarantined,
     warned about and treated as a miss, whatever ``strict`` says.
+
+    A folder another user owns or can write is refused unless ``trust_shared``
+    (default: ``$OVSPEC_TRUST_SHARED_STORE``), which opens it read-only: nothing is
+    written, payloads are still verified. A store this process cannot write (a
+    read-only mount) opens read-only by itself. A link where one of the store's
+    folders belongs is refused unless ``repair`` (``check(fix=True)`` replaces it).
+    See cache/README.md for what the store promises and what it does not.
     """
 
     def __init__(
@@ -90,34 +91,39 @@ class Store:
         *,
         strict: bool = False,
         size_limit_bytes: int | None = None,
+        trust_shared: bool | None = None,
+        repair: bool = False,
+        lock_policy: LockPolicy | None = None,
     ) -> None:
         if size_limit_bytes is not None and size_limit_bytes <= 0:
             raise StoreError(f"size limit must be > 0 bytes, got {size_limit_bytes}")
-        self.layout = StoreLayout(Path(root).expanduser().absolute())
+        # The root may be a link the user chose; below it, nothing is followed.
+        self.layout = StoreLayout(Path(root).expanduser().resolve())
         self._strict = strict
-        layout = self.layout
+        self._warned: set[str] = set()
         try:
-            layout.root.mkdir(parents=True, exist_ok=True)
-            layout.ensure_format()
-            for d in (layout.blobs, layout.tmp, layout.quarantine, layout.locks):
-                d.mkdir(exist_ok=True)
-            # mkdir of existing folders proves nothing: probe a real write.
-            fd, probe = tempfile.mkstemp(dir=layout.tmp, prefix="probe.")
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
-            raise StoreError(
-                f"cache folder {layout.root} is not writable ({exc.strerror or exc}); "
-                f"pass --cache-dir or set {ENV_ROOT}"
-            ) from exc
+            self.lock_policy = lock_policy or LockPolicy.from_env()
+        except ValueError as exc:
+            raise StoreError(str(exc)) from exc
+        shared = trust_shared_from_env() if trust_shared is None else trust_shared
+        self.access = opening.prepare(self.layout, trust_shared=shared, repair=repair)
+        self.files = EntryFiles(self.layout)
         try:
-            self.index = Index(str(layout.index))
+            self.index = opening.open_index(
+                self.layout,
+                self.access,
+                self.lock_policy,
+                self.warn,
+                usable="index" not in self.access.report.bad_paths,
+            )
         except _IO_ERRORS as exc:
             raise StoreError(
-                f"cache folder {layout.root}: its index cannot be opened ({exc}); "
+                f"cache folder {self.layout.root}: its index cannot be opened ({exc}); "
                 f"pass --cache-dir or set {ENV_ROOT}"
             ) from exc
-        self.files = EntryFiles(layout)
+        if not self.read_only and not self.access.report.links:
+            with contextlib.suppress(OSError):  # a leak to clean, not a reason to fail
+                opening.remove_stale_temps(self.layout, time.time())
         if size_limit_bytes is not None:
             self.set_size_limit(size_limit_bytes)
 
@@ -146,6 +152,16 @@ class Store:
         return self._strict
 
     @property
+    def read_only(self) -> bool:
+        """Nothing is written: a shared store opened with ``trust_shared``, or a folder
+        this process cannot write. Lookups still verify; misses compile outside."""
+        return self.access.read_only
+
+    def require_writable(self, what: str) -> None:
+        if self.read_only:
+            raise StoreError(f"blob store {self.root} is read-only here; cannot {what}")
+
+    @property
     def size_limit_bytes(self) -> int:
         return self.index.size_limit_bytes(DEFAULT_SIZE_LIMIT_BYTES)
 
@@ -169,11 +185,18 @@ class Store:
         message = f"blob store {self.root}: {what} ({exc})"
         if self._strict:
             raise StoreError(message) from exc
-        log.warning("%s", message)
-        warnings.warn(message, StoreWarning, stacklevel=3)
+        self.warn(message)
 
     def warn(self, message: str) -> None:
-        log.warning("%s", message)
+        """One ``StoreWarning`` per distinct message and store object.
+
+        Only a warning, not also a log record at WARNING: with logging unconfigured,
+        Python prints both, so every message appeared twice (issue 10).
+        """
+        if message in self._warned:
+            return
+        self._warned.add(message)
+        log.debug("%s", message)
         warnings.warn(message, StoreWarning, stacklevel=3)
 
     def get_row(self, hex_: str) -> StoreEntry | None:
@@ -220,10 +243,11 @@ class Store:
         The payload is checksummed on every call; a corrupt or missing one is
         quarantined with a ``StoreWarning`` and reported as a miss. The returned
         path stays valid until the entry is evicted or removed (by this or another
-        process); import it promptly, or copy it, rather than keep the path around.
+        process); to read the bytes that were verified, use ``get_or_create`` with
+        ``map_payload=True``, whose mapping outlives an eviction.
         """
         try:
-            entry = self._lookup(key, held=False)
+            entry, _ = self._lookup(key, held=False, mapped=False)
             if entry is None:
                 self.index.bump(STAT_MISSES)
             else:
@@ -237,104 +261,103 @@ class Store:
         self.index.bump(STAT_HITS)
         self.index.bump(STAT_SAVED_US, round(entry.compile_s * 1e6))
 
-    def lookup_locked(self, key: BlobKey) -> StoreEntry | None:
+    def lookup_locked(
+        self, key: BlobKey, *, mapped: bool = False
+    ) -> tuple[StoreEntry | None, mmap.mmap | None]:
         """``lookup`` for a caller that holds the key's lock (counts nothing)."""
-        return self._lookup(key, held=True)
+        return self._lookup(key, held=True, mapped=mapped)
 
-    def _lookup(self, key: BlobKey, *, held: bool) -> StoreEntry | None:
+    def _lookup(
+        self, key: BlobKey, *, held: bool, mapped: bool
+    ) -> tuple[StoreEntry | None, mmap.mmap | None]:
         hex_ = key.hex
         try:
             entry = self.get_row(hex_)
         except ValueError as exc:
             self.warn(f"index row of blob {hex_[:12]} is malformed ({exc}); ignoring it")
             entry = None
-        if entry is not None:
-            if entry.components != key.components:
-                self.warn(f"index row of blob {hex_[:12]} names another key; ignoring it")
-                return None
-            verdict = verify(entry)
-            if verdict is Verdict.OK:
-                return dataclasses.replace(entry, accessed_unix_s=self._touch(hex_))
-            self._discard_bad(hex_, verdict, held=held)
-            return None
-        return self._heal(key, held=held)
+        if entry is None:
+            entry = healing.reindex(self, key, held=held)
+            if entry is None:
+                return None, None
+        elif entry.components != key.components:
+            self.warn(f"index row of blob {hex_[:12]} names another key; ignoring it")
+            return None, None
+        # Verify the bytes the caller will read: one mapping, hashed, then handed out.
+        verdict, mapping = map_verified(entry)
+        if verdict is Verdict.OK:
+            if not mapped and mapping is not None:
+                mapping.close()
+                mapping = None
+            return dataclasses.replace(entry, accessed_unix_s=self._touch(hex_)), mapping
+        healing.discard_bad(self, hex_, entry, verdict, held=held)
+        return None, None
 
-    def _discard_bad(self, hex_: str, verdict: Verdict, *, held: bool) -> None:
-        if verdict is Verdict.MISSING:
-            what = "missing its payload; dropped the entry"
-        else:
-            what = "corrupt (size or checksum mismatch); quarantined it"
-        self.warn(f"blob {hex_[:12]} in {self.root} is {what}; it will be rebuilt")
-        with self.try_lock(hex_, held=held) as got:
-            if not got:
-                return  # another process is rebuilding this key right now
-            # Re-verify under the lock: a producer may have replaced it meanwhile.
-            try:
-                entry = self.get_row(hex_)
-            except ValueError:
-                entry = None
-            if entry is not None and verify(entry) is Verdict.OK:
-                return
-            if verdict is Verdict.MISSING:
-                self.delete_entry_files(hex_)
-            else:
-                self.quarantine_entry(hex_)
-
-    def _heal(self, key: BlobKey, *, held: bool) -> StoreEntry | None:
-        """No index row: re-index payload + sidecar if they verify (self-heal)."""
-        hex_ = key.hex
-        if not self.layout.payload_path(hex_).exists():
-            return None
-        try:
-            sidecar = self.files.read_sidecar(hex_)
-        except ValueError:
-            return None  # check(fix=True) quarantines it; a producer overwrites it
-        if sidecar is None or sidecar.components != key.components:
-            return None  # no sidecar yet: possibly a write in progress
-        with self.try_lock(hex_, held=held) as got:
-            if not got or verify(sidecar) is not Verdict.OK:
-                return None
-            entry = dataclasses.replace(sidecar, accessed_unix_s=time.time())
-            self.index.add_row(hex_, row_json(entry))
-            log.warning("re-indexed blob %s from its sidecar", hex_[:12])
-            return entry
+    def quarantine(self, hex_: str, checksum: str, why: str) -> bool:
+        """Move a stored entry aside because a consumer found it unusable (its bytes
+        verify, but the device cannot import them); see ``healing.quarantine``."""
+        return healing.quarantine(self, hex_, checksum, why)
 
     # -- writes ------------------------------------------------------------------
 
-    def get_or_create(self, key: BlobKey, produce: Callable[[Path], ProducedBlob]) -> BlobOutcome:
+    def get_or_create(
+        self,
+        key: BlobKey,
+        produce: Callable[[Path], ProducedBlob],
+        *,
+        validate: Callable[[Path], None] | None = None,
+        map_payload: bool = False,
+    ) -> BlobOutcome:
         """The stored blob for ``key``, running ``produce`` if (and only if) it is missing.
 
         ``produce(path)`` writes the payload to ``path`` (an empty temp file on the
-        store's filesystem) and reports its compile time. Concurrent callers for one
-        key, in any threads or processes, run ``produce`` once: the others wait on
-        the key's lock and then hit. If ``produce`` raises, nothing is stored and
-        the exception propagates. If the store cannot be written, the payload is
-        returned from a temp folder outside it (``stored=False``), or ``StoreError``
-        is raised when strict. A producer that hangs keeps the others waiting: the
-        lock has no timeout (a killed producer releases it at once).
+        store's filesystem) and reports its compile time and the bytes it wrote.
+        ``validate(path)``, if given, runs before the payload is published and raises
+        when the payload is unusable (e.g. the device cannot import it): nothing is
+        stored then and the exception propagates. Concurrent callers for one key, in
+        any threads or processes, run ``produce`` once: the others wait on the key's
+        lock (bounded by ``lock_policy``) and then hit. If ``produce`` raises, nothing
+        is stored and the exception propagates (a ``PayloadWriteError`` is a storage
+        failure: it fails open). If the store cannot be written, the payload is
+        returned from a temp folder outside it (``stored=False``; the caller calls
+        ``outcome.discard()``), or ``StoreError`` is raised when strict.
+        ``map_payload``: a hit carries a mapping of the verified bytes (``payload``).
         """
         hex_ = key.hex
         try:
-            entry = self._lookup(key, held=False)
+            entry, mapping = self._lookup(key, held=False, mapped=map_payload)
         except _IO_ERRORS as exc:
             self.fail_open(f"lookup of {hex_[:12]} failed", exc)
-            return publish.produce_outside(self, key, produce)
+            return publish.produce_outside(self, key, produce, validate)
         if entry is not None:
             self._count_hit_open(entry)
-            return self.outcome(entry, hit=True, wait_s=0.0)
+            return self.outcome(entry, hit=True, wait_s=0.0, payload=mapping)
+        if self.read_only:
+            self.fail_open(
+                f"is read-only here; blob {hex_[:12]} is compiled outside it",
+                PermissionError("not stored"),
+            )
+            return publish.produce_outside(self, key, produce, validate)
 
         lock = self.key_lock(hex_)
         wait_s = 0.0
         try:
             if not lock.acquire(blocking=False):
                 t0 = time.perf_counter()
-                lock.acquire(blocking=True)
+                lock.acquire(blocking=True, policy=self.lock_policy)
                 wait_s = time.perf_counter() - t0
+        except LockTimeout as exc:
+            self.fail_open(
+                f"gave up waiting for blob {hex_[:12]}: {exc}; compiling it outside the store "
+                f"without the lock ({ENV_LOCK_WAIT_S} sets the wait)",
+                exc,
+            )
+            return publish.produce_outside(self, key, produce, validate, wait_s=exc.waited_s)
         except OSError as exc:
             self.fail_open(f"cannot lock {hex_[:12]}", exc)
-            return publish.produce_outside(self, key, produce)
+            return publish.produce_outside(self, key, produce, validate)
         try:
-            return publish.create_locked(self, key, produce, wait_s)
+            return publish.create_locked(self, key, produce, wait_s, validate)
         finally:
             lock.release()
 
@@ -344,7 +367,14 @@ class Store:
         except _IO_ERRORS as exc:
             self.fail_open("cannot update statistics", exc)
 
-    def outcome(self, entry: StoreEntry, *, hit: bool, wait_s: float) -> BlobOutcome:
+    def outcome(
+        self,
+        entry: StoreEntry,
+        *,
+        hit: bool,
+        wait_s: float,
+        payload: mmap.mmap | None = None,
+    ) -> BlobOutcome:
         return BlobOutcome(
             path=entry.path,
             hex=entry.hex,
@@ -354,54 +384,32 @@ class Store:
             wait_s=wait_s,
             size_bytes=entry.size_bytes,
             metadata=entry.metadata,
+            payload=payload,
+            checksum=entry.checksum,
         )
 
     # -- eviction and removal ------------------------------------------------------
 
     def evict_to_limit(self, keep: str | None) -> tuple[int, int]:
-        """Evict least-recently-used entries until under the limit.
-
-        Never evicts ``keep`` (the entry just written) nor the last entry left, so
-        a single blob over the limit is kept (with a warning). Entries whose lock
-        is busy are skipped. Returns (entries evicted, bytes freed).
-        """
-        limit = self.size_limit_bytes
-        entries = self.entries()
-        total = sum(e.size_bytes for e in entries)
-        evicted = freed = 0
-        if total <= limit:
+        """Evict least-recently-used entries until under the limit (see
+        ``maintenance.evict_to_limit``). Returns (entries evicted, bytes freed)."""
+        if self.read_only:
             return 0, 0
-        victims = sorted(
-            (e for e in entries if e.hex != keep),
-            key=lambda e: (e.accessed_unix_s, e.created_unix_s),
-        )
-        remaining = len(entries)
-        for victim in victims:
-            if total <= limit or remaining <= 1:
-                break
-            with self.try_lock(victim.hex) as got:
-                if not got or not self.delete_entry_files(victim.hex):
-                    continue  # busy, or another process evicted it first
-            self.index.bump(STAT_EVICTIONS)
-            log.info("evicted blob %s (%d bytes)", victim.hex[:12], victim.size_bytes)
-            total -= victim.size_bytes
-            remaining -= 1
-            evicted += 1
-            freed += victim.size_bytes
-        if total > limit:
-            self.warn(
-                f"blob store {self.root} holds {total} bytes, over its size limit of "
-                f"{limit} bytes after evicting what it could (the newest blob is always kept)"
-            )
-        return evicted, freed
+        return maintenance.evict_to_limit(self, keep)
 
     def remove(self, hex_: str) -> bool:
         """Remove the entry with this full hex; False if there is none."""
+        self.require_writable("remove an entry")
         with self.locked_io("remove an entry"):
             if not self.index.has_row(hex_):
                 return False
             lock = self.key_lock(hex_)
-            lock.acquire(blocking=True)
+            try:
+                lock.acquire(blocking=True, policy=self.lock_policy)
+            except LockTimeout as exc:
+                raise StoreError(
+                    f"blob store {self.root}: cannot remove {hex_[:12]}: {exc}"
+                ) from exc
             try:
                 return self.delete_entry_files(hex_)
             finally:
