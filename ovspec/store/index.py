@@ -121,7 +121,8 @@ class Index:
                 raise IndexDamaged(f"not a readable SQLite database ({exc})") from exc
             raise
         if verdict != ["ok"]:
-            raise IndexDamaged(f"SQLite finds it damaged ({'; '.join(verdict[:2])})")
+            found = " ".join(" ".join(verdict[:2]).split())[:200]
+            raise IndexDamaged(f"SQLite finds it damaged: {found}")
         if version != INDEX_SCHEMA_VERSION:
             raise IndexDamaged(f"schema version {version}, expected {INDEX_SCHEMA_VERSION}")
         tables = {name for kind, name, _ in objects if kind == "table"}
@@ -142,10 +143,14 @@ class Index:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # SQLite has already rolled back after some errors (a full disk): then a
+                # ROLLBACK would fail and hide the error that matters.
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:

@@ -64,9 +64,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_LIMIT_BYTES = 20 * 2**30
 
-# Failures of the storage itself (as opposed to bugs): these fail open unless strict.
-_IO_ERRORS = INDEX_ERRORS
-
 
 class Store:
     """A content-addressed store of compiled-model blobs under one root folder.
@@ -116,7 +113,7 @@ class Store:
                 self.warn,
                 usable="index" not in self.access.report.bad_paths,
             )
-        except _IO_ERRORS as exc:
+        except INDEX_ERRORS as exc:
             raise StoreError(
                 f"cache folder {self.layout.root}: its index cannot be opened ({exc}); "
                 f"pass --cache-dir or set {ENV_ROOT}"
@@ -193,6 +190,7 @@ class Store:
         Only a warning, not also a log record at WARNING: with logging unconfigured,
         Python prints both, so every message appeared twice (issue 10).
         """
+        message = " ".join(message.split())  # one line, whatever an OS error said
         if message in self._warned:
             return
         self._warned.add(message)
@@ -230,11 +228,6 @@ class Store:
         self.files.delete_payload_and_sidecar(hex_)
         return had_row
 
-    def _touch(self, hex_: str) -> float:
-        now = time.time()
-        self.index.touch(hex_, now)
-        return now
-
     # -- reads -------------------------------------------------------------------
 
     def lookup(self, key: BlobKey) -> StoreEntry | None:
@@ -248,13 +241,16 @@ class Store:
         """
         try:
             entry, _ = self._lookup(key, held=False, mapped=False)
-            if entry is None:
-                self.index.bump(STAT_MISSES)
-            else:
-                self.count_hit(entry)
-        except _IO_ERRORS as exc:
+        except INDEX_ERRORS as exc:
             self.fail_open(f"lookup of {key.hex[:12]} failed; treating it as a miss", exc)
             return None
+        if entry is None:
+            try:
+                self.index.bump(STAT_MISSES)
+            except INDEX_ERRORS as exc:
+                self.fail_open("cannot update statistics", exc)
+        else:
+            self._count_hit_open(entry)
         return entry
 
     def count_hit(self, entry: StoreEntry) -> None:
@@ -289,7 +285,15 @@ class Store:
             if not mapped and mapping is not None:
                 mapping.close()
                 mapping = None
-            return dataclasses.replace(entry, accessed_unix_s=self._touch(hex_)), mapping
+            try:
+                accessed = time.time()
+                self.index.touch(hex_, accessed)
+            except INDEX_ERRORS as exc:
+                # A verified hit stays a hit when only its access time cannot be kept
+                # (a full disk under the index).
+                self.fail_open("cannot record an access time", exc)
+                accessed = entry.accessed_unix_s
+            return dataclasses.replace(entry, accessed_unix_s=accessed), mapping
         healing.discard_bad(self, hex_, entry, verdict, held=held)
         return None, None
 
@@ -326,7 +330,7 @@ class Store:
         hex_ = key.hex
         try:
             entry, mapping = self._lookup(key, held=False, mapped=map_payload)
-        except _IO_ERRORS as exc:
+        except INDEX_ERRORS as exc:
             self.fail_open(f"lookup of {hex_[:12]} failed", exc)
             return publish.produce_outside(self, key, produce, validate)
         if entry is not None:
@@ -348,8 +352,8 @@ class Store:
                 wait_s = time.perf_counter() - t0
         except LockTimeout as exc:
             self.fail_open(
-                f"gave up waiting for blob {hex_[:12]}: {exc}; compiling it outside the store "
-                f"without the lock ({ENV_LOCK_WAIT_S} sets the wait)",
+                f"gave up waiting for the lock of blob {hex_[:12]}; compiling it outside the "
+                f"store, without the lock ({ENV_LOCK_WAIT_S} sets how long to wait)",
                 exc,
             )
             return publish.produce_outside(self, key, produce, validate, wait_s=exc.waited_s)
@@ -364,7 +368,7 @@ class Store:
     def _count_hit_open(self, entry: StoreEntry) -> None:
         try:
             self.count_hit(entry)
-        except _IO_ERRORS as exc:
+        except INDEX_ERRORS as exc:
             self.fail_open("cannot update statistics", exc)
 
     def outcome(
@@ -420,7 +424,7 @@ class Store:
         """Maintenance operations surface storage failures as StoreError."""
         try:
             yield
-        except _IO_ERRORS as exc:
+        except INDEX_ERRORS as exc:
             raise StoreError(f"blob store {self.root}: cannot {what} ({exc})") from exc
 
     # -- listing and statistics --------------------------------------------------------

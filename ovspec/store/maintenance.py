@@ -96,8 +96,8 @@ def repair_folders(store: Store, fix: bool) -> list[str]:
     when ``fix`` (quarantine first, so later moves land in a real folder)."""
     layout = store.layout
     report = inspect(layout)
+    # Foreign ownership is not listed: such a store opens only when the user trusts it.
     problems = [f"{text}; not followed" for text in report.links]
-    problems += [f"{text}; another user can change the store" for text in report.foreign]
     if not fix or not report.links:
         return problems
     order = sorted(report.bad_paths, key=lambda p: (p != "quarantine", p))
