@@ -189,7 +189,7 @@ class StoreLayout:
         foreign = sorted(
             p.name
             for p in self.root.iterdir()
-            if p.name not in ROOT_NAMES and not p.name.startswith(".FORMAT.")
+            if p.name not in ROOT_NAMES and not p.name.startswith((".FORMAT.", ".probe."))
         )
         if foreign:
             raise StoreError(

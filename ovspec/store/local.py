@@ -479,7 +479,7 @@ class Store:
         """Problems found in index, payloads, sidecars and temps; [] when healthy.
 
         With ``fix=True`` each problem is also repaired (the list still names what
-        was found, like ``diskcache.Cache.check``). Keys whose lock is held (a write
+        was found, as diskcache's ``Cache.check`` does). Keys whose lock is held (a write
         in progress) are skipped. Every payload is hashed: cost ~ bytes stored.
         """
         with self.locked_io("check the store"):

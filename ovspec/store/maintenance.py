@@ -125,7 +125,7 @@ def reopen_index(store: Store, why: str) -> None:
     inside)."""
     with opening.store_lock(store.layout, store.lock_policy):
         store.index.close()
-        store.index = opening._rebuild(store.layout, why, store.warn)
+        store.index = opening.rebuild(store.layout, why, store.warn)
 
 
 def _check(store: Store, fix: bool) -> list[str]:

@@ -95,8 +95,10 @@ def prepare(layout: StoreLayout, *, trust_shared: bool, repair: bool) -> Access:
     try:
         version = layout.ensure_format()
         layout.make_folders()
-        # mkdir of existing folders proves nothing: probe a real write.
-        fd, probe = tempfile.mkstemp(dir=layout.tmp, prefix="probe.")
+        # mkdir of existing folders proves nothing: probe a real write (in the root when
+        # tmp/ is a link being repaired: nothing is written through a link).
+        where = layout.tmp if "tmp" not in report.bad_paths else layout.root
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".probe.")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
@@ -203,10 +205,10 @@ def open_index(
             except (IndexDamaged, sqlite3.DatabaseError) as exc:
                 if not is_damage(exc):
                     raise
-                return _rebuild(layout, f"was damaged ({exc})", warn)
+                return rebuild(layout, f"was damaged ({exc})", warn)
 
 
-def _rebuild(layout: StoreLayout, why: str, warn: Warn) -> Index:
+def rebuild(layout: StoreLayout, why: str, warn: Warn) -> Index:
     """Move the index file aside and rebuild it from the sidecars. Store lock held."""
     files = EntryFiles(layout)
     for name in (layout.index_db.name, f"{layout.index_db.name}-journal"):

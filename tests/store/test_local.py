@@ -435,6 +435,8 @@ def test_unwritable_store_fails_open(
     assert store.root not in outcome.path.parents
     assert store.entries() == [] and temps(store) == []
     assert not (store.root / "blobs" / key.hex[:2] / f"{key.hex}.json").exists()
+    outcome.discard()
+    assert not outcome.path.parent.exists()  # the private folder goes with the payload
     lenient.close()
 
 
@@ -462,6 +464,7 @@ def test_failure_after_the_rename_rolls_back(store: Store, monkeypatch: pytest.M
         outcome = lenient.get_or_create(make_key("late"), writer(data))
     assert not outcome.stored and outcome.path.read_bytes() == data
     assert list((store.root / "blobs").glob("*/*")) == [] and temps(store) == []
+    outcome.discard()
     lenient.close()
 
 
@@ -476,6 +479,7 @@ def test_unwritable_temp_folder_fails_open(store: Store, monkeypatch: pytest.Mon
     with pytest.warns(StoreWarning, match="cannot write"):
         outcome = lenient.get_or_create(make_key("notmp"), writer(data))
     assert not outcome.stored and outcome.path.read_bytes() == data
+    outcome.discard()
     lenient.close()
 
 

@@ -28,7 +28,7 @@ OTHER_UID = 65534  # nobody
 def snapshot(folder: Path) -> dict[str, tuple[int, int, bytes]]:
     """Every file below ``folder``: (mode, mtime_ns, bytes); links not followed."""
     out: dict[str, tuple[int, int, bytes]] = {}
-    for path in sorted(folder.rglob("*")):
+    for path in [folder, *sorted(folder.rglob("*"))]:
         st = path.lstat()
         data = path.read_bytes() if path.is_file() and not path.is_symlink() else b""
         out[str(path.relative_to(folder))] = (st.st_mode, st.st_mtime_ns, data)
