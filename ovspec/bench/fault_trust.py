@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ovspec.bench.faults import Harness, Outcome, mounted, summarize, tokens_of
+from ovspec.bench.faults import Harness, Outcome, mounted, snapshot, summarize, tokens_of
 
 # -- trust: links, other users, read-only ------------------------------------------------
 
@@ -85,8 +85,10 @@ def foreign_store(h: Harness) -> Outcome:
     root.chmod(0o777)
     refused = h.run(*h.generate_args(root))
     outcome.expect(refused.one_line_error(2), "a world-writable foreign store was not refused")
+    before = snapshot(root)
     trusted = h.run(*h.generate_args(root), "--trust-shared-store")
     outcome.tokens(tokens_of(trusted) == h.clean_tokens)
+    outcome.expect(snapshot(root) == before, "the trusted (read-only) store was written")
     outcome.expect(not marker.exists(), "a planted pickle ran")
     outcome.observed.append(
         f"refused: {summarize([refused])}; with --trust-shared-store: {summarize([trusted])}"

@@ -66,7 +66,7 @@ def build(
     # Validate before the store is opened, so bad input leaves it untouched; a
     # built-in model is the exception: it is written into the store's models/ folder.
     store = Store(root) if model.startswith(BUILTIN_PREFIX) else None
-    model_dir = resolve_model(model, root / "models")
+    model_dir = resolve_model(model, store.models_folder if store else root / "models")
     plan = BuildPlan(
         model=model_dir,
         ladder=ladder,

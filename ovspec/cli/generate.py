@@ -101,7 +101,7 @@ def generate(
     # which is written into the store's models/ folder.
     store = Store(root) if model.startswith(BUILTIN_PREFIX) else None
     try:
-        model_dir = resolve_model(model, root / "models")
+        model_dir = resolve_model(model, store.models_folder if store else root / "models")
         codec = TextCodec.for_model(model_dir, model)
         prompt_ids = codec.encode(prompt) if prompt is not None else list(ids or [])
         if prompt is not None and not prompt_ids:

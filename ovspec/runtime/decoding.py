@@ -56,7 +56,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     owns_store = not isinstance(store, Store)
     opened = store if isinstance(store, Store) else Store(store or Store.default_root())
     try:
-        model_dir = resolve_model(str(model), opened.root / "models")
+        model_dir = resolve_model(str(model), opened.models_folder)
         ladder.check_fits(model_dir.max_position_embeddings)
         compiler = Compiler(
             model_dir,

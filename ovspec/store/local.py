@@ -154,6 +154,13 @@ class Store:
         this process cannot write. Lookups still verify; misses compile outside."""
         return self.access.read_only
 
+    @property
+    def models_folder(self) -> Path:
+        """Where built-in models go: this store's models/, or for a store that is
+        read-only here, the user's own default store's (never into another's store)."""
+        own = default_root().expanduser().resolve() / "models"
+        return self.layout.models if not self.read_only or own.parent == self.root else own
+
     def require_writable(self, what: str) -> None:
         if self.read_only:
             raise StoreError(f"blob store {self.root} is read-only here; cannot {what}")
@@ -166,7 +173,8 @@ class Store:
         """Persist a new size limit (shared by every process using this root)."""
         if size_limit_bytes <= 0:
             raise StoreError(f"size limit must be > 0 bytes, got {size_limit_bytes}")
-        self.index.set_size_limit_bytes(size_limit_bytes)
+        with self.locked_io("set the size limit"):
+            self.index.set_size_limit_bytes(size_limit_bytes)
 
     # -- small helpers shared with maintenance -------------------------------------------
 
@@ -335,7 +343,7 @@ class Store:
             return publish.produce_outside(self, key, produce, validate)
         if entry is not None:
             self._count_hit_open(entry)
-            return self.outcome(entry, hit=True, wait_s=0.0, payload=mapping)
+            return BlobOutcome.stored_entry(entry, hit=True, wait_s=0.0, payload=mapping)
         if self.read_only:
             self.fail_open(
                 f"is read-only here; blob {hex_[:12]} is compiled outside it",
@@ -370,27 +378,6 @@ class Store:
             self.count_hit(entry)
         except INDEX_ERRORS as exc:
             self.fail_open("cannot update statistics", exc)
-
-    def outcome(
-        self,
-        entry: StoreEntry,
-        *,
-        hit: bool,
-        wait_s: float,
-        payload: mmap.mmap | None = None,
-    ) -> BlobOutcome:
-        return BlobOutcome(
-            path=entry.path,
-            hex=entry.hex,
-            hit=hit,
-            stored=True,
-            compile_s=entry.compile_s,
-            wait_s=wait_s,
-            size_bytes=entry.size_bytes,
-            metadata=entry.metadata,
-            payload=payload,
-            checksum=entry.checksum,
-        )
 
     # -- eviction and removal ------------------------------------------------------
 
@@ -432,13 +419,12 @@ class Store:
     def entries(self) -> list[StoreEntry]:
         """Every well-formed index row, most recently used first (not verified)."""
         out: list[StoreEntry] = []
-        for hex_ in self.index.row_hexes():
-            try:
-                entry = self.get_row(hex_)
-            except ValueError:
-                continue  # check() reports it
-            if entry is not None:
-                out.append(entry)
+        with self.locked_io("list the entries"):
+            for hex_ in self.index.row_hexes():
+                with contextlib.suppress(ValueError):  # a malformed row: check() reports it
+                    entry = self.get_row(hex_)
+                    if entry is not None:
+                        out.append(entry)
         out.sort(key=lambda e: (e.accessed_unix_s, e.created_unix_s), reverse=True)
         return out
 

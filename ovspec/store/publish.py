@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ovspec.store.local import Store
 
 Producer = Callable[[Path], ProducedBlob]
+_EVICTION_ERRORS: tuple[type[BaseException], ...] = (*INDEX_ERRORS, StoreError)
 # Raises (any exception) when the payload at the path is not usable; called before
 # the payload is published, so a blob the device cannot import is never stored.
 Validator = Callable[[Path], None]
@@ -53,7 +54,7 @@ def create_locked(
         entry, mapping = store.lookup_locked(key, mapped=True)
         if entry is not None:
             store.count_hit(entry)
-            return store.outcome(entry, hit=True, wait_s=wait_s, payload=mapping)
+            return BlobOutcome.stored_entry(entry, hit=True, wait_s=wait_s, payload=mapping)
         store.index.bump(STAT_MISSES)
         tmp = store.layout.new_temp(hex_, "blob")
     except INDEX_ERRORS as exc:
@@ -101,9 +102,9 @@ def create_locked(
         )
     try:
         store.evict_to_limit(keep=hex_)
-    except INDEX_ERRORS as exc:
+    except _EVICTION_ERRORS as exc:
         store.fail_open("eviction after a put failed", exc)
-    return store.outcome(entry, hit=False, wait_s=wait_s)
+    return BlobOutcome.stored_entry(entry, hit=False, wait_s=wait_s)
 
 
 def prove_whole(hex_: str, path: Path, produced: ProducedBlob) -> None:

@@ -122,6 +122,24 @@ class BlobOutcome:
     payload: mmap.mmap | None = field(default=None, compare=False, repr=False)
     checksum: str | None = None  # of a stored entry (None: not stored)
 
+    @classmethod
+    def stored_entry(
+        cls, entry: StoreEntry, *, hit: bool, wait_s: float, payload: mmap.mmap | None = None
+    ) -> BlobOutcome:
+        """The outcome that hands out a stored entry."""
+        return cls(
+            path=entry.path,
+            hex=entry.hex,
+            hit=hit,
+            stored=True,
+            compile_s=entry.compile_s,
+            wait_s=wait_s,
+            size_bytes=entry.size_bytes,
+            metadata=entry.metadata,
+            payload=payload,
+            checksum=entry.checksum,
+        )
+
     def discard(self) -> None:
         """Remove a payload the store did not keep, and its private folder."""
         if self.stored:

@@ -271,3 +271,32 @@ def test_a_linked_payload_or_sidecar_is_never_read(store: Store, tmp_path: Path)
     assert secret.read_bytes() == b"s" * 3000
     store.check(fix=True)
     assert secret.exists()
+
+
+def test_a_format_1_store_is_migrated_without_reading_its_index(tmp_path: Path) -> None:
+    """Format 1 kept a diskcache index (pickles). Its blobs and sidecars are what format
+    2 keeps, so the index is deleted unread and rebuilt from the sidecars."""
+    root = tmp_path / "store"
+    data = {seed: payload(1500) for seed in ("m1", "m2")}
+    with Store(root, strict=True) as store:
+        for seed, d in data.items():
+            put(store, seed, d)
+    (root / "FORMAT").write_text("ovspec-store 1\n")
+    for path in (root / "index").iterdir():
+        path.unlink()
+    marker = tmp_path / "pwned"
+    db = sqlite3.connect(root / "index" / "cache.db", isolation_level=None)
+    db.execute("CREATE TABLE Cache (key BLOB, raw INTEGER, mode INTEGER, value BLOB)")
+    db.execute("INSERT INTO Cache VALUES ('x', 1, 4, ?)", (pickle.dumps(Planted(marker)),))
+    db.close()
+    (root / "digests").mkdir(exist_ok=True)
+    (root / "digests" / "cache.db").write_bytes(pickle.dumps(Planted(marker)))
+    with pytest.warns(StoreWarning, match="migrated store .* from format 1 to 2"):
+        store = Store(root, strict=True)
+    with store:
+        for seed, d in data.items():
+            assert store.get_or_create(make_key(seed), never).path.read_bytes() == d
+        assert store.check() == []
+    assert not marker.exists()
+    assert (root / "FORMAT").read_text().strip() == "ovspec-store 2"
+    assert sorted(p.name for p in (root / "index").iterdir()) == ["index.sqlite3"]
