@@ -47,7 +47,8 @@ class OvspecError(Exception):
 
         def option(m: re.Match[str]) -> str:
             flag = names.get(m[1], "--" + m[1].replace("_", "-"))
-            return flag if m[2] is None else f"{flag} {m[2]}"
+            # A switch takes no value: "trust_shared=True" is just the flag.
+            return flag if m[2] in (None, "True") else f"{flag} {m[2]}"
 
         return _ARG.sub(option, super().__str__())
 

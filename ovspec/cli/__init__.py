@@ -8,6 +8,7 @@ click's usage errors with 2. Any other exception reaching here is a bug.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -30,6 +31,7 @@ CLI_OPTIONS: dict[str, str] = {
     "timeout_s": "--run-timeout",
     "pythonpath": "--a-pythonpath/--b-pythonpath",
     "libs": "--a-libs/--b-libs",
+    "trust_shared": "--trust-shared-store",
 }
 
 
@@ -82,9 +84,22 @@ def cli() -> None:
     """Static capacity specializations and a blob store for LLM decode on OpenVINO."""
 
 
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """A warning is one line on stderr, like an error (not file:line plus source)."""
+    click.echo(f"ovspec: warning: {message}", err=True)
+
+
 def main() -> None:
     # Command modules import openvino lazily, inside their commands, so that
     # `ovspec --help` stays fast.
     from ovspec.cli import commands  # noqa: F401
 
+    warnings.showwarning = _show_warning
     cli.main(prog_name="ovspec")

@@ -83,7 +83,7 @@ def build(
     # Validate before the store is opened, so bad input leaves it untouched; a built-in
     # model or a GGUF file is the exception: its IR is written into the store's models/.
     store = Store(root) if writes_into_store(model) else None
-    model_dir = resolve_model(model, root / "models")
+    model_dir = resolve_model(model, store.models_folder if store else root / "models")
     plan = BuildPlan(
         model=model_dir,
         ladder=ladder,

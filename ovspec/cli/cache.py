@@ -16,7 +16,7 @@ from typing import TypeVar
 import click
 
 from ovspec.cli import cli
-from ovspec.cli.options import emit_json
+from ovspec.cli.options import emit_json, trust_shared_store_option
 from ovspec.cli.units import SIZE, human_bytes, plural
 from ovspec.errors import StoreError
 from ovspec.ir.specialize import Specialization
@@ -37,16 +37,19 @@ def _cache_dir_option(f: _F) -> _F:
         default=None,
         help="Store folder. [default: $OVSPEC_CACHE_DIR, else the user cache folder]",
     )
-    return option(f)
+    return option(trust_shared_store_option(f))
 
 
 def _json_option(f: _F) -> _F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
 
 
-def _open(cache_dir: Path | None, *, create: bool = False) -> Store:
+def _open(cache_dir: Path | None, *, repair: bool = False) -> Store:
+    """Open an existing store (never create one). ``repair``: open a store that has a
+    link where a folder belongs, to report it (check) or replace it (check --fix, gc,
+    clear)."""
     root = cache_dir if cache_dir is not None else Store.default_root()
-    return Store(root, strict=True, create=create)
+    return Store(root, strict=True, repair=repair, create=False)
 
 
 def _when(unix_s: float) -> str:
@@ -181,7 +184,7 @@ def stats(cache_dir: Path | None, as_json: bool) -> None:
 @click.pass_context
 def check(ctx: click.Context, cache_dir: Path | None, fix: bool, as_json: bool) -> None:
     """Verify every payload, sidecar and index row; exit 1 if problems remain."""
-    with _open(cache_dir) as store:
+    with _open(cache_dir, repair=True) as store:
         found = store.check(fix=fix)
         remaining = store.check() if fix and found else found
         if as_json:
@@ -219,7 +222,7 @@ def check(ctx: click.Context, cache_dir: Path | None, fix: bool, as_json: bool) 
 def gc(cache_dir: Path | None, size_limit_bytes: int | None, as_json: bool) -> None:
     """Evict least-recently-used blobs down to the size limit; remove stale temps, idle
     locks, old quarantine and model folders unused for a week."""
-    with _open(cache_dir) as store:
+    with _open(cache_dir, repair=True) as store:
         if size_limit_bytes is not None:
             store.set_size_limit(size_limit_bytes)
         report = store.gc()
@@ -247,7 +250,7 @@ def gc(cache_dir: Path | None, size_limit_bytes: int | None, as_json: bool) -> N
 def clear(cache_dir: Path | None, yes: bool, as_json: bool) -> None:
     """Remove every blob, written model and memo, and reset the statistics (keeps the
     size limit). Asks first unless --yes; answering no changes nothing."""
-    with _open(cache_dir) as store:
+    with _open(cache_dir, repair=True) as store:
         n = len(store.entries())
         before = store.usage().total_bytes
         if not yes and not click.confirm(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -135,7 +136,40 @@ def blob_mode_option(func: F) -> F:
     )(func)
 
 
+ENV_TRUST_SHARED_STORE = "OVSPEC_TRUST_SHARED_STORE"  # read by ovspec.store.trust
+
+
+def _trust_shared_store(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """Set the variable the store reads, for this command only (restored on exit)."""
+    if not value:
+        return
+    previous = os.environ.get(ENV_TRUST_SHARED_STORE)
+    os.environ[ENV_TRUST_SHARED_STORE] = "1"
+
+    def restore() -> None:
+        if previous is None:
+            os.environ.pop(ENV_TRUST_SHARED_STORE, None)
+        else:
+            os.environ[ENV_TRUST_SHARED_STORE] = previous
+
+    ctx.call_on_close(restore)
+
+
+def trust_shared_store_option(func: F) -> F:
+    return click.option(
+        "--trust-shared-store",
+        is_flag=True,
+        expose_value=False,
+        callback=_trust_shared_store,
+        help=(
+            "Use a store another user owns or can write, read-only (nothing is written; "
+            f"blobs are still verified). [env var: {ENV_TRUST_SHARED_STORE}=1]"
+        ),
+    )(func)
+
+
 def cache_dir_option(func: F) -> F:
+    func = trust_shared_store_option(func)
     return click.option(
         "--cache-dir",
         type=click.Path(file_okay=False, path_type=Path),

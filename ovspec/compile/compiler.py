@@ -8,9 +8,14 @@ calls it from a background worker while the decode thread imports.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import io
 import json
 import logging
+import mmap
+import os
+import sqlite3
 import threading
 import time
 from collections.abc import Mapping
@@ -30,7 +35,7 @@ from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir, transforms_id
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
-from ovspec.store.local import BlobOutcome, ProducedBlob, Store
+from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob, Store
 
 log = logging.getLogger(__name__)
 
@@ -61,23 +66,70 @@ def blob_compile_properties(mode: BlobMode) -> dict[str, str]:
 
 class _FileSink(io.BytesIO):
     """``export_model`` accepts only a BytesIO; this one forwards to a real file, so a
-    large blob never sits whole in Python memory (+16 MiB instead of +blob size)."""
+    large blob never sits whole in Python memory (+16 MiB instead of +blob size).
+
+    OpenVINO swallows an exception raised by the stream it writes to and returns as if
+    the export succeeded, leaving a short file (issue 10: disk full, RLIMIT_FSIZE and
+    EIO each published a truncated blob). So the sink records its first error and the
+    byte count itself, and ``finish`` turns either into a ``PayloadWriteError``.
+    """
 
     def __init__(self, file: io.BufferedWriter) -> None:
         super().__init__()
         self._file = file
+        self.error: OSError | None = None
+        self.bytes_written = 0  # the high-water mark of the file position
+
+    def _fail(self, exc: BaseException) -> OSError:
+        if self.error is None:
+            self.error = exc if isinstance(exc, OSError) else OSError(errno.EIO, str(exc))
+        return self.error
 
     def write(self, data: Any) -> int:
-        return self._file.write(data)
+        if self.error is not None:
+            raise self.error  # stop the export early; it ignores the failure anyway
+        try:
+            n = self._file.write(data)
+            self.bytes_written = max(self.bytes_written, self._file.tell())
+        except BaseException as exc:
+            raise self._fail(exc) from exc
+        return n
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        return self._file.seek(offset, whence)
+        try:
+            return self._file.seek(offset, whence)
+        except BaseException as exc:
+            raise self._fail(exc) from exc
 
     def tell(self) -> int:
         return self._file.tell()
 
     def flush(self) -> None:
-        self._file.flush()
+        try:
+            self._file.flush()
+        except BaseException as exc:
+            raise self._fail(exc) from exc
+
+    def finish(self) -> int:
+        """Flush and fsync; the payload's size, or PayloadWriteError if any write failed
+        or the file is not as long as what was written."""
+        if self.error is None:
+            try:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            except OSError as exc:
+                self._fail(exc)
+        if self.error is not None:
+            err = self.error
+            raise PayloadWriteError(
+                err.errno or errno.EIO, f"export failed: {err.strerror or err}"
+            ) from err
+        size = os.fstat(self._file.fileno()).st_size
+        if size != self.bytes_written:
+            raise PayloadWriteError(
+                errno.EIO, f"export wrote {self.bytes_written} bytes but the file has {size}"
+            )
+        return size
 
 
 @dataclass(frozen=True)
@@ -106,6 +158,15 @@ class Program:
     # The mapped blob file: the CPU plugin keeps pointing into it, so it must live as
     # long as ``compiled`` (dropping it segfaults inference).
     backing: np.ndarray
+
+
+def _map_file(path: Path) -> mmap.mmap:
+    """A copy-on-write mapping of a whole file (it stays valid after the file is removed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
 
 
 def prepare_model(model_dir: ModelDir, compression: Compression) -> DynamicLLM:
@@ -139,7 +200,9 @@ class Compiler:
         self._compile_properties = {**self.properties, **blob_compile_properties(blob_mode)}
         self._core = ov.Core()
         self.facts: DeviceFacts = resolve_device(self._core, device, self.properties)
-        self._memo = memo or DigestMemo(store.root / "digests")
+        # A store that is read-only here may be another user's: its memo is not read
+        # (a planted digest would name another file's blobs); hashing is the fallback.
+        self._memo = memo or DigestMemo(None if store.read_only else store.layout.digests)
         self._llm = llm  # prepared by the caller (already validated), else on first use
         self._roles: ModelRoles | None = None  # from a stored blob's metadata
         self._llm_lock = threading.Lock()
@@ -153,15 +216,27 @@ class Compiler:
                 self._llm = prepare_model(self.model_dir, self.compression)
             return self._llm
 
-    def roles(self) -> ModelRoles:
+    def roles(self, hint: Specialization | None = None) -> ModelRoles:
         """The model's roles: from the prepared graph if it is in memory, else from the
-        metadata of a blob this compiler has built or found (so a warm start never reads
-        the IR), else by preparing the model."""
+        record of a blob this compiler has built or found, or of ``hint``'s blob if the
+        store has one (read, not verified or counted: roles are names and shapes, checked
+        again when a graph is bound), else by preparing the model. A warm start never
+        reads the IR."""
         with self._llm_lock:
             if self._llm is not None:
                 return self._llm.roles
             if self._roles is not None:
                 return self._roles
+        if hint is not None:
+            key = self.key(hint)
+            try:
+                entry = self.store.get_row(key.hex)
+            except (ValueError, OSError, sqlite3.Error):
+                entry = None
+            if entry is not None and entry.components == key.components:
+                self._remember_roles(entry.metadata)
+                if self._roles is not None:
+                    return self._roles
         return self.llm().roles
 
     def _remember_roles(self, metadata: Mapping[str, str]) -> None:
@@ -199,18 +274,25 @@ class Compiler:
 
     def build(self, spec: Specialization) -> BuildOutcome:
         """Make sure the blob of ``spec`` is in the store; compile it if it is not."""
-        outcome = self._build(spec)
-        if not outcome.stored:
-            outcome.path.unlink(missing_ok=True)  # the store could not keep it (warned)
+        outcome, _ = self._build(spec, keep_import=False)
         return outcome
 
-    def _build(self, spec: Specialization) -> BuildOutcome:
+    def _build(
+        self, spec: Specialization, *, keep_import: bool
+    ) -> tuple[BuildOutcome, Program | None]:
+        """Build through the store. A new blob is imported once before it is published
+        (``validate``): a blob the device cannot import is never stored. With
+        ``keep_import`` that import is returned as the program, and a hit is imported
+        from the mapping the store verified; a stored blob that verifies but does not
+        import is quarantined and rebuilt once (issue 10)."""
         key = self.key(spec)
+        imported: list[tuple[ov.CompiledModel, np.ndarray, float]] = []
 
         def produce(path: Path) -> ProducedBlob:
-            compile_s, export_s = self._compile_to(spec, path)
+            compile_s, export_s, size = self._compile_to(spec, path)
             return ProducedBlob(
                 compile_s=compile_s,
+                size_bytes=size,
                 metadata={
                     "specialization": spec.label,
                     "device": self.device,
@@ -220,30 +302,66 @@ class Compiler:
                 },
             )
 
-        outcome: BlobOutcome = self.store.get_or_create(key, produce)
-        self._remember_roles(outcome.metadata)
-        return BuildOutcome(
-            spec=spec,
-            key_hex=outcome.hex,
-            hit=outcome.hit,
-            compile_s=outcome.compile_s,
-            export_s=float(outcome.metadata.get("export_s", "0") or 0),
-            wait_s=outcome.wait_s,
-            blob_bytes=outcome.size_bytes,
-            path=outcome.path,
-            stored=outcome.stored,
-        )
+        def validate(path: Path) -> None:
+            began = time.perf_counter()
+            compiled, backing = self._import(_map_file(path), path.name)
+            imported.append((compiled, backing, time.perf_counter() - began))
+
+        # An absent device (offline NPU compile) cannot import: only the size is proven.
+        check = None if self.facts.offline else validate
+        for attempt in (1, 2):
+            outcome: BlobOutcome = self.store.get_or_create(
+                key, produce, validate=check, map_payload=keep_import
+            )
+            program = None
+            try:
+                if keep_import:
+                    program = self._program(spec, outcome, imported)
+            except CompileError as exc:
+                if attempt == 2 or not outcome.hit:
+                    raise
+                why = f"{self.device} cannot import it: {exc}"
+                self.store.quarantine(outcome.hex, outcome.checksum or "", why)
+                continue
+            finally:
+                outcome.discard()  # a blob the store did not keep (the mapping holds it)
+            self._remember_roles(outcome.metadata)
+            built = BuildOutcome(
+                spec=spec,
+                key_hex=outcome.hex,
+                hit=outcome.hit,
+                compile_s=outcome.compile_s,
+                export_s=float(outcome.metadata.get("export_s", "0") or 0),
+                wait_s=outcome.wait_s,
+                blob_bytes=outcome.size_bytes,
+                path=outcome.path,
+                stored=outcome.stored,
+            )
+            if program is not None:
+                program = dataclasses.replace(program, build=built)
+            return built, program
+        raise AssertionError("unreachable")
+
+    def _program(
+        self,
+        spec: Specialization,
+        outcome: BlobOutcome,
+        imported: list[tuple[ov.CompiledModel, np.ndarray, float]],
+    ) -> Program:
+        placeholder = BuildOutcome(spec, outcome.hex, outcome.hit, 0.0, 0.0, 0.0, 0, outcome.path)
+        if imported and not outcome.hit:
+            compiled, backing, import_s = imported[-1]
+            return Program(spec, compiled, placeholder, import_s, backing)
+        began = time.perf_counter()
+        mapping = outcome.payload if outcome.payload is not None else _map_file(outcome.path)
+        compiled, backing = self._import(mapping, outcome.path.name)
+        return Program(spec, compiled, placeholder, time.perf_counter() - began, backing)
 
     def load(self, spec: Specialization) -> Program:
-        """Build if needed, then import the blob from its memory-mapped file."""
-        built = self._build(spec)
-        began = time.perf_counter()
-        try:
-            compiled, backing = self.import_blob(built.path)
-        finally:
-            if not built.stored:
-                built.path.unlink(missing_ok=True)  # the mapping keeps the pages alive
-        return Program(spec, compiled, built, time.perf_counter() - began, backing)
+        """Build if needed, then import the blob from the bytes the store verified."""
+        _, program = self._build(spec, keep_import=True)
+        assert program is not None  # keep_import=True always imports
+        return program
 
     def import_properties(self) -> dict[str, Any]:
         """What import needs: the runtime config (blobs do not carry it) and, for a
@@ -255,21 +373,25 @@ class Compiler:
         return props
 
     def import_blob(self, path: Path) -> tuple[ov.CompiledModel, np.ndarray]:
-        """Import a blob from a memory map; returns the model and the map to keep alive."""
-        # Copy-on-write: OpenVINO wants a writable buffer, and this one reads the file's
-        # pages in place without copying the blob through Python bytes.
-        mapped = np.memmap(path, dtype=np.uint8, mode="c")
+        """Import a blob file from a memory map; returns the model and the map to keep
+        alive (the file may be removed once this returns)."""
+        return self._import(_map_file(path), path.name)
+
+    def _import(self, mapping: mmap.mmap, name: str) -> tuple[ov.CompiledModel, np.ndarray]:
+        # Copy-on-write mapping: OpenVINO wants a writable buffer, and this one reads
+        # the file's pages in place without copying the blob through Python bytes.
+        backing = np.frombuffer(mapping, dtype=np.uint8)
         try:
             compiled = self._core.import_model(
-                ov.Tensor(mapped, shared_memory=True), self.device, self.import_properties()
+                ov.Tensor(backing, shared_memory=True), self.device, self.import_properties()
             )
         except RuntimeError as exc:
             raise CompileError(
-                f"{self.device} could not import blob {path.name}: {openvino_message(exc)}"
+                f"{self.device} could not import blob {name}: {openvino_message(exc)}"
             ) from exc
-        return compiled, mapped
+        return compiled, backing
 
-    def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float]:
+    def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float, int]:
         model = self.llm().specialize(spec)
         began = time.perf_counter()
         try:
@@ -280,11 +402,18 @@ class Compiler:
             ) from exc
         compile_s = time.perf_counter() - began
         began = time.perf_counter()
-        with path.open("wb") as f:
-            compiled.export_model(_FileSink(f))
+        try:
+            with path.open("wb") as f:
+                sink = _FileSink(f)
+                compiled.export_model(sink)
+                size = sink.finish()
+        except PayloadWriteError:
+            raise
+        except OSError as exc:
+            raise PayloadWriteError(exc.errno or errno.EIO, f"export failed: {exc}") from exc
         export_s = time.perf_counter() - began
         log.debug("compiled %s in %.3f s, exported in %.3f s", spec.label, compile_s, export_s)
-        return compile_s, export_s
+        return compile_s, export_s, size
 
     def close(self) -> None:
         self._memo.close()

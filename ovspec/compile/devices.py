@@ -7,6 +7,8 @@ compile properties can change a blob (the rest are left out of the key on purpos
 
 from __future__ import annotations
 
+import difflib
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -98,33 +100,72 @@ def resolve_device(core: ov.Core, device: str, properties: Mapping[str, str]) ->
         raise DeviceError(
             f"device {device!r} is not available here (available: {', '.join(available)}){hint}"
         )
-    validate_properties(core, device, properties)
+    check_properties(core, device, properties)
     return DeviceFacts(device, tuple(sorted(_read_identity(core, device).items())), offline=False)
 
 
-# Properties a probe compile must not be given: they act outside the compiled model
-# (CACHE_DIR creates a folder and writes a blob there).
-_NOT_PROBED = frozenset({"CACHE_DIR"})
+# Properties the OpenVINO core takes for any device (not in a plugin's
+# SUPPORTED_PROPERTIES), and the ones ovspec itself passes.
+CORE_PROPERTIES = frozenset(
+    {"CACHE_DIR", "CACHE_MODE", "ENABLE_MMAP", "FORCE_TBB_TERMINATE", "WEIGHTS_PATH"}
+    | {"ENABLE_WEIGHTLESS"}
+)
+_CHECKED_PROPERTIES: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 
 
-def validate_properties(core: ov.Core, device: str, properties: Mapping[str, str]) -> None:
-    """Refuse properties the device does not know, or values it does not accept, before
-    anything is compiled: a one-op probe compile with them (~50 ms on CPU) fails the way
-    the real compile or import would, but now, with exit 2 instead of a late 3."""
-    probed = {k: v for k, v in properties.items() if k.upper() not in _NOT_PROBED}
-    if not probed:
+def check_properties(core: ov.Core, device: str, properties: Mapping[str, str]) -> None:
+    """Refuse properties the device does not know or will not take, before
+    anything compiles (issue 10: they passed ``build`` and failed at import, exit 3).
+
+    Names are checked against the device's SUPPORTED_PROPERTIES; values by compiling,
+    exporting and importing a one-op probe with them (~0.1 s, once per process and set
+    of properties): the plugins check values only when a model is compiled.
+    """
+    if not properties:
         return
+    memo = (device, tuple(sorted(properties.items())))
+    if memo in _CHECKED_PROPERTIES:
+        return
+    try:
+        supported = {str(p) for p in core.get_property(device, "SUPPORTED_PROPERTIES")}
+    except RuntimeError:
+        supported = set()
+    if supported:
+        unknown = sorted(k for k in properties if k not in supported | CORE_PROPERTIES)
+        if unknown:
+            near = difflib.get_close_matches(unknown[0].upper(), sorted(supported), n=1)
+            hint = f"did you mean {near[0]}?" if near else f"it lists {len(supported)};"
+            raise DeviceError(
+                f"{arg('properties', unknown[0] + '=' + properties[unknown[0]])}: {device} has "
+                f"no property {unknown[0]!r} ({hint} see its SUPPORTED_PROPERTIES)"
+            )
+    # CACHE_DIR acts outside the compiled model (it creates a folder and writes a blob
+    # there): the probe goes without it.
+    probed = {k: v for k, v in properties.items() if k.upper() != "CACHE_DIR"}
     param = ov.opset13.parameter([1], ov.Type.f32)
     probe = ov.Model([ov.opset13.relu(param)], [param])
     try:
-        core.compile_model(probe, device, probed)
+        compiled = core.compile_model(probe, device, probed)
     except RuntimeError as exc:
-        shown = ", ".join(f"{k}={v}" for k, v in probed.items())
-        raise DeviceError(
-            f"{device} refuses the compile properties {shown}: "
-            f"{openvino_message(exc).rstrip('.')}; "
-            f"fix or drop the {arg('properties')} in question"
-        ) from exc
+        raise DeviceError(_rejected(device, properties, exc)) from exc
+    buffer = io.BytesIO()
+    runtime = {k: v for k, v in probed.items() if k.upper() != "CACHE_MODE"}
+    try:
+        compiled.export_model(buffer)
+        core.import_model(buffer, device, runtime)
+    except RuntimeError as exc:
+        raise DeviceError(_rejected(device, properties, exc, " at import")) from exc
+    _CHECKED_PROPERTIES.add(memo)
+
+
+def _rejected(
+    device: str, properties: Mapping[str, str], exc: RuntimeError, where: str = ""
+) -> str:
+    names = ", ".join(sorted(properties))
+    return (
+        f"{device} rejects the compile properties ({names}){where}: "
+        f"{openvino_message(exc).rstrip('.')}; fix or drop them from {arg('properties')}"
+    )
 
 
 def _read_identity(core: ov.Core, device: str) -> dict[str, str]:

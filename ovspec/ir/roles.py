@@ -75,6 +75,7 @@ class ModelRoles:
     position_ids: str | None
     logits: str
     kv: tuple[KVRole, ...]
+    vocab_tokens: int | None = None  # the logits' last dimension, if the IR states it
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -91,6 +92,7 @@ class ModelRoles:
             "attention_mask": self.attention_mask,
             "position_ids": self.position_ids,
             "logits": self.logits,
+            "vocab_tokens": self.vocab_tokens,
             "kv": [
                 {
                     "layer": r.layer,
@@ -123,12 +125,14 @@ class ModelRoles:
                 for r in data["kv"]
             )
             position_ids = data["position_ids"]
+            vocab = data.get("vocab_tokens")
             roles = cls(
                 input_ids=str(data["input_ids"]),
                 attention_mask=str(data["attention_mask"]),
                 position_ids=None if position_ids is None else str(position_ids),
                 logits=str(data["logits"]),
                 kv=kv,
+                vocab_tokens=None if vocab is None else int(vocab),
             )
         except (AssertionError, KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise ValueError(f"malformed roles record: {exc!r}") from exc
@@ -176,7 +180,17 @@ def discover_roles(model: ov.Model) -> ModelRoles:
     seen = {(r.layer, r.kind) for r in kv}
     if len(seen) != len(kv):
         raise ModelError("two KV tensors claim the same layer and kind; cannot tell layers apart")
-    return ModelRoles(input_ids, attention_mask, position_ids, logits, tuple(kv))
+    return ModelRoles(
+        input_ids, attention_mask, position_ids, logits, tuple(kv), _vocab_tokens(model, logits)
+    )
+
+
+def _vocab_tokens(model: ov.Model, logits: str) -> int | None:
+    shape = model.output(logits).get_partial_shape()
+    if shape.rank.is_dynamic or shape.rank.get_length() == 0:
+        return None
+    last = shape[shape.rank.get_length() - 1]
+    return last.get_length() if last.is_static else None
 
 
 def _check_unique_present_names(kv: list[KVRole]) -> None:

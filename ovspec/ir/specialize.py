@@ -104,11 +104,7 @@ class DynamicLLM:
     @property
     def vocab_tokens(self) -> int | None:
         """The logits' last dimension, if the IR states it."""
-        shape = self.model.output(self.roles.logits).get_partial_shape()
-        if shape.rank.is_dynamic or shape.rank.get_length() == 0:
-            return None
-        last = shape[shape.rank.get_length() - 1]
-        return int(last.get_length()) if last.is_static else None
+        return self.roles.vocab_tokens
 
     def static_shapes(self, spec: Specialization) -> dict[str, list[int]]:
         chunk, cap = spec.chunk_tokens, spec.capacity_tokens

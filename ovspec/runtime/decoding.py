@@ -20,6 +20,7 @@ from ovspec.compile.devices import device_family
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import resolve_model
+from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import KVLayout, make_kv
 from ovspec.runtime.loader import Loader, LoaderEvent, Policy, WindowPlan
@@ -55,7 +56,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     owns_store = not isinstance(store, Store)
     opened = store if isinstance(store, Store) else Store(store or Store.default_root())
     try:
-        model_dir = resolve_model(str(model), opened.root / "models")
+        model_dir = resolve_model(str(model), opened.models_folder)
         ladder.check_fits(model_dir.max_position_embeddings)
         compiler = Compiler(
             model_dir,
@@ -95,6 +96,38 @@ def loader_properties(device: str, properties: Mapping[str, str]) -> dict[str, s
     if device_family(device) == "CPU" and "ENABLE_CPU_PINNING" not in props:
         props["ENABLE_CPU_PINNING"] = "NO"
     return props
+
+
+def check_prompt_ids(
+    prompt_ids: Sequence[int],
+    vocab_tokens: int | None,
+    top_tokens: int,
+    forced_ids: Sequence[int] = (),
+) -> None:
+    """Refuse a prompt the model cannot take, before anything compiles: empty, ids
+    outside ``[0, vocab_tokens)`` (they index past the embedding table: garbage tokens or
+    an out-of-bounds gather), or longer than the top rung. One ``BadRequestError``
+    naming the first problem."""
+    if not prompt_ids:
+        raise BadRequestError("the prompt is empty; give at least one token")
+    for where, ids in (("prompt", prompt_ids), ("forced", forced_ids)):
+        bad = [
+            (i, t)
+            for i, t in enumerate(ids)
+            if t < 0 or (vocab_tokens is not None and t >= vocab_tokens)
+        ]
+        if bad:
+            at, token = bad[0]
+            bound = f"[0, {vocab_tokens})" if vocab_tokens is not None else "ids >= 0"
+            raise BadRequestError(
+                f"token id {token} at {where} position {at} is outside the model's vocabulary "
+                f"{bound} ({len(bad)} such ids); give ids the model's tokenizer produces"
+            )
+    if len(prompt_ids) > top_tokens:
+        raise BadRequestError(
+            f"the prompt has {len(prompt_ids)} tokens, over the top rung {top_tokens}; "
+            f"extend {arg('ladder')} or shorten the prompt"
+        )
 
 
 @dataclass(frozen=True)
@@ -142,6 +175,11 @@ def decode(
     if not prompt_ids:
         raise BadRequestError("the prompt is empty; give at least one token id")
     ladder = loader.ladder
+    # Roles (and the vocabulary) from memory, a stored blob's record, or the IR: the
+    # ids are checked before anything compiles.
+    first_guess = Specialization.decode(ladder.rung_for(min(len(prompt_ids), ladder.top_tokens)))
+    roles = loader.compiler.roles(first_guess)
+    check_prompt_ids(prompt_ids, roles.vocab_tokens, ladder.top_tokens, forced_ids or ())
     # Greedy decoding never feeds its last token back; teacher forcing feeds them all.
     fed = len(forced_ids) if forced_ids is not None else max(max_new_tokens - 1, 0)
     if len(prompt_ids) + fed > ladder.top_tokens:
@@ -156,7 +194,6 @@ def decode(
     first = ladder.rung_for(len(prompt_ids))
     loader.start(first)
     prompt_ready_s = time.perf_counter() - origin
-    roles = loader.compiler.roles()  # from the loaded blob's record: the IR is not read
     kv = make_kv(kv_layout, roles, first, ladder.top_tokens)
     chunk = loader.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
     session = DecodeSession(

@@ -41,26 +41,6 @@ class Generation:
     decoded: DecodeResult
 
 
-def check_prompt_ids(prompt_ids: Sequence[int], vocab_tokens: int | None, top_tokens: int) -> None:
-    """Refuse a prompt the model cannot take: empty, ids outside ``[0, vocab_tokens)``, or
-    longer than the top rung. One ``BadRequestError`` naming the first problem."""
-    if not prompt_ids:
-        raise BadRequestError("the prompt is empty; give at least one token")
-    if vocab_tokens is not None:
-        bad = [(i, t) for i, t in enumerate(prompt_ids) if not 0 <= t < vocab_tokens]
-        if bad:
-            at, token = bad[0]
-            raise BadRequestError(
-                f"token id {token} at prompt position {at} is outside the model's vocabulary "
-                f"[0, {vocab_tokens}) ({len(bad)} such ids)"
-            )
-    if len(prompt_ids) > top_tokens:
-        raise BadRequestError(
-            f"the prompt has {len(prompt_ids)} tokens, over the top rung {top_tokens}; "
-            "extend --ladder or shorten the prompt"
-        )
-
-
 def generate(
     loader: Loader,
     prompt_ids: Sequence[int],
@@ -76,7 +56,7 @@ def generate(
     the model by a window of tokens (the longest stop string's token count), as genai's
     does, so no streamed token is later taken back.
     """
-    check_prompt_ids(prompt_ids, loader.compiler.llm().vocab_tokens, loader.ladder.top_tokens)
+    # decode() checks the prompt (emptiness, vocabulary, length) before anything compiles.
     matcher = _StopStrings(config, codec) if config.stop_strings else None
     stop_ids = config.stop_ids
     generated: list[int] = []

@@ -12,7 +12,7 @@ __all__ = ["Store"]
 
 def __getattr__(name: str) -> object:
     # ``from ovspec.store import Store`` is public; importing ovspec.store.keys alone
-    # should not open diskcache.
+    # should not open the index's modules.
     if name == "Store":
         from ovspec.store.local import Store
 

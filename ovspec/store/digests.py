@@ -1,33 +1,56 @@
 """File digests for blob keys, memoized so a 1 GB weights file is hashed once.
 
-The memo is keyed on (resolved path, size, mtime_ns, inode): a rewrite of the file
-changes at least one of them. It lives in memory and, when given a folder, in a
-small diskcache so later processes skip the hash too.
+The memo is keyed on the file's identity: resolved path, device, inode, size, mtime and
+ctime. ctime matters: ``touch -d`` (or ``os.utime``) can put an edited file's mtime
+back, but nothing short of changing the clock can restore its ctime (issue 10: an
+in-place weights edit with its timestamp restored kept the old key, so full blobs
+holding the old weights were served for the new ones).
+
+It lives in memory and, when given a folder, in one small JSON file per model file, so
+later processes skip the hash too. The memo is an optimization only: a memo file that
+is missing, unreadable, malformed or for another identity is ignored and the file is
+hashed; a memo that cannot be written is not written. Nothing read from it is trusted
+beyond "this identity had this digest", and it is never read from a store another user
+can write (the store passes no folder then).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
+import secrets
+import stat
 import threading
 from pathlib import Path
 
-import diskcache
 import xxhash
 
 _CHUNK_BYTES = 8 << 20
+_DIGEST_RE = re.compile(r"[0-9a-f]{32}")
+MEMO_SUFFIX = ".json"
+MEMO_RE = re.compile(r"[0-9a-f]{16}\.json")
+
+Identity = tuple[str, int, int, int, int, int]
 
 
-def size_and_digest(path: Path) -> tuple[int, str]:
+def size_and_digest(path: Path, *, follow_links: bool = True) -> tuple[int, str]:
     """(bytes, xxh3-128 hex) of a file, streamed through one reused buffer.
 
     The buffer is no larger than the file: a fresh 8 MiB buffer per call costs
-    thousands of page faults, more than hashing a small blob.
+    thousands of page faults, more than hashing a small blob. ``follow_links=False``:
+    a link at ``path`` fails with ELOOP instead of being read (store payloads).
     """
     h = xxhash.xxh3_128()
     size = 0
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(min(_CHUNK_BYTES, max(os.fstat(f.fileno()).st_size, 1)))
+    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    with open(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IsADirectoryError(21, "not a regular file", str(path))
+        buf = bytearray(min(_CHUNK_BYTES, max(st.st_size, 1)))
         view = memoryview(buf)
         while n := f.readinto(buf):
             h.update(view[:n])
@@ -40,41 +63,79 @@ def digest_file(path: Path) -> str:
     return size_and_digest(path)[1]
 
 
-class DigestMemo:
-    """Remembers file digests by identity (path, size, mtime, inode)."""
+def identity_of(path: Path) -> Identity:
+    st = os.stat(path)
+    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
-    def __init__(self, folder: Path | None = None) -> None:
-        self._memory: dict[tuple[str, int, int, int], str] = {}
+
+class DigestMemo:
+    """Remembers file digests by identity (path, device, inode, size, mtime, ctime)."""
+
+    def __init__(self, folder: Path | None = None, *, read_only: bool = False) -> None:
+        self._memory: dict[Identity, str] = {}
         self._lock = threading.Lock()
-        self._disk: diskcache.Cache | None = None
-        if folder is not None:
-            try:
-                self._disk = diskcache.Cache(str(folder))
-            except OSError:
-                # A memo is an optimization: without it we hash again, nothing breaks.
-                self._disk = None
+        self._folder = folder
+        self._read_only = read_only
         self.hashed_files = 0  # how many times a file was actually read (tests check this)
 
     def digest(self, path: Path) -> str:
         resolved = path.resolve()
-        st = os.stat(resolved)
-        identity = (str(resolved), st.st_size, st.st_mtime_ns, st.st_ino)
+        identity = identity_of(resolved)
         with self._lock:
             if identity in self._memory:
                 return self._memory[identity]
-        stored = self._disk.get(identity) if self._disk is not None else None
-        if isinstance(stored, str):
-            value = stored
-        else:
+        value = self._load(identity)
+        if value is None:
             value = digest_file(resolved)
             self.hashed_files += 1
-            if self._disk is not None:
-                with contextlib.suppress(OSError):  # see __init__: the memo may fail open
-                    self._disk.set(identity, value)
+            # A file rewritten while we read it: its digest names neither version.
+            if identity_of(resolved) == identity:
+                self._save(identity, value)
         with self._lock:
             self._memory[identity] = value
         return value
 
+    def _memo_path(self, identity: Identity) -> Path | None:
+        if self._folder is None:
+            return None
+        return self._folder / f"{xxhash.xxh3_64_hexdigest(identity[0].encode())}{MEMO_SUFFIX}"
+
+    def _load(self, identity: Identity) -> str | None:
+        path = self._memo_path(identity)
+        if path is None:
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            with open(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return None
+                record = json.loads(f.read(4096).decode("utf-8"))
+        except (OSError, ValueError):
+            return None  # absent, a link, a folder, not JSON: hash instead
+        if not isinstance(record, dict):
+            return None
+        digest = record.get("digest")
+        if record.get("identity") != list(identity) or not isinstance(digest, str):
+            return None
+        return digest if _DIGEST_RE.fullmatch(digest) else None
+
+    def _save(self, identity: Identity, digest: str) -> None:
+        path = self._memo_path(identity)
+        if path is None or self._read_only:
+            return
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path.parent, 0o700)
+            data = json.dumps({"identity": list(identity), "digest": digest}).encode()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with open(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError:
+            # The memo is an optimization: not writing it costs a hash next time.
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
     def close(self) -> None:
-        if self._disk is not None:
-            self._disk.close()
+        """Nothing to release (kept for callers that close what they open)."""

@@ -2,21 +2,32 @@
 
 Hashing and verifying payloads, reading and atomically writing sidecars (temp ->
 fsync -> rename), quarantine and deletion. The caller holds the key's lock for
-anything that changes files.
+anything that changes files. Nothing here follows a link: payloads and sidecars are
+opened with O_NOFOLLOW, and a link, a folder or anything else that is not a regular
+file where one should be is treated as damage (moved aside), never read through.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
 import secrets
+import shutil
+import stat
 import time
 from enum import Enum
 from pathlib import Path
 
+import xxhash
+
 from ovspec.store.digests import size_and_digest
 from ovspec.store.layout import STORE_FORMAT_VERSION, StoreLayout, fsync_dir
 from ovspec.store.records import StoreEntry, entry_from_json, record_json
+
+# What ``hash_file`` reports for a path that is there but is not a regular file.
+NOT_A_FILE: tuple[int, str] = (-1, "not a regular file")
 
 
 class Verdict(Enum):
@@ -26,11 +37,16 @@ class Verdict(Enum):
 
 
 def hash_file(path: Path) -> tuple[int, str] | None:
-    """(size, xxh3-128 hex) of a file; None if absent."""
+    """(size, xxh3-128 hex) of a regular file; None if absent; ``NOT_A_FILE`` for a
+    link, a folder or anything else (never read through)."""
     try:
-        return size_and_digest(path)
+        return size_and_digest(path, follow_links=False)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EACCES):
+            return NOT_A_FILE
+        raise
 
 
 def unlink(path: Path) -> bool:
@@ -41,13 +57,36 @@ def unlink(path: Path) -> bool:
     return True
 
 
+def remove_path(path: Path) -> bool:
+    """Delete a file, a link (not its target) or a whole folder; False if absent.
+
+    ``shutil.rmtree`` walks by file descriptor and never follows a link inside the
+    tree (``shutil.rmtree.avoids_symlink_attacks`` on Linux)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+        return True
+    return unlink(path)
+
+
+def is_regular(path: Path) -> bool | None:
+    """True: a regular file; False: something else (link, folder...); None: absent."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return None
+
+
 def verify(entry: StoreEntry) -> Verdict:
     """Does the payload on disk match ``entry``'s size and checksum?"""
     try:
-        size = entry.path.stat().st_size
+        st = os.lstat(entry.path)
     except FileNotFoundError:
         return Verdict.MISSING
-    if size != entry.size_bytes:
+    if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size_bytes:
         return Verdict.CORRUPT  # no need to hash a file of the wrong length
     measured = hash_file(entry.path)
     if measured is None:
@@ -57,6 +96,35 @@ def verify(entry: StoreEntry) -> Verdict:
     return Verdict.OK
 
 
+def map_verified(entry: StoreEntry) -> tuple[Verdict, mmap.mmap | None]:
+    """Map the payload copy-on-write and verify the mapping's bytes.
+
+    What is verified is what the caller will read: the mapping keeps the inode alive,
+    so an eviction or a ``clear`` by another process after this call cannot pull the
+    bytes away or swap them (issue 10). Copy-on-write because OpenVINO wants a
+    writable buffer; nothing is written back to the file.
+    """
+    try:
+        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return Verdict.MISSING, None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            return Verdict.CORRUPT, None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size_bytes or st.st_size == 0:
+            return Verdict.CORRUPT, None
+        mapping = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+    if xxhash.xxh3_128_hexdigest(mapping) != entry.checksum:
+        mapping.close()
+        return Verdict.CORRUPT, None
+    return Verdict.OK, mapping
+
+
 class EntryFiles:
     """Payload and sidecar operations under one store layout."""
 
@@ -64,14 +132,22 @@ class EntryFiles:
         self.layout = layout
 
     def read_sidecar(self, hex_: str) -> StoreEntry | None:
-        """The sidecar of ``hex_``; None if absent. ValueError if malformed."""
+        """The sidecar of ``hex_``; None if absent. ValueError if malformed (or not a
+        regular file)."""
+        path = self.layout.sidecar_path(hex_)
         try:
-            text = self.layout.sidecar_path(hex_).read_text(encoding="utf-8")
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise ValueError(f"sidecar cannot be read as a file ({exc.strerror})") from exc
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("sidecar is not a regular file")
+            raw = f.read(1 << 20)
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"sidecar is not JSON: {exc}") from exc
         entry = entry_from_json(obj, self.layout.payload_path(hex_))
         if entry.hex != hex_:
@@ -89,11 +165,17 @@ class EntryFiles:
                 f.flush()
                 os.fsync(f.fileno())
             dest = self.layout.sidecar_path(entry.hex)
+            self.clear_way(dest)
             os.replace(tmp, dest)
             fsync_dir(dest.parent)
         except BaseException:
             unlink(tmp)
             raise
+
+    def clear_way(self, dest: Path) -> None:
+        """Move aside whatever non-file (a folder, a link) stands where a file goes."""
+        if is_regular(dest) is False:
+            self.move_to_quarantine(dest)
 
     def move_to_quarantine(self, path: Path) -> bool:
         stamp = time.strftime("%Y%m%dT%H%M%S")

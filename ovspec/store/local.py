@@ -1,14 +1,11 @@
 """The persistent, content-addressed blob store: one payload file per ``BlobKey``.
 
-Owns reads (verified on every lookup, self-healing from sidecars), writes (the
-per-key lock, produce into a temp file, commit by rename, fail open outside the
-store), LRU eviction and the public maintenance calls. The folder layout is
-``layout``'s, the index ``index``'s, entry files ``files``'s and the self-check,
+Owns reads (verified on every lookup), writes (the per-key lock, produce into a temp
+file, commit by rename, fail open outside the store) and the public maintenance
+calls. Opening (trust, format, index recovery) is ``opening``'s, the folder layout
+``layout``'s, the index ``index``'s, entry files ``files``'s, repairs on the read
+path ``healing``'s, the write path ``publish``'s and the self-check, eviction,
 garbage collection and clearing ``maintenance``'s. OpenVINO is never imported here.
-
-Compared with OpenVINO's own CACHE_DIR: 128-bit named-component keys, atomic
-temp+fsync+rename writes, a cross-process lock per key, LRU eviction under a size
-limit, an xxh3-128 checksum verified on every read, and statistics.
 """
 
 from __future__ import annotations
@@ -16,36 +13,29 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
-import tempfile
+import mmap
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ovspec.errors import StoreError, arg
-from ovspec.store import maintenance, publish
-from ovspec.store.files import EntryFiles, Verdict, verify
+from ovspec.store import healing, listing, maintenance, opening, publish
+from ovspec.store.files import EntryFiles, Verdict, map_verified
 from ovspec.store.index import (
     INDEX_ERRORS,
-    STAT_EVICTIONS,
     STAT_HITS,
     STAT_MISSES,
     STAT_QUARANTINED,
     STAT_SAVED_US,
-    Index,
 )
 from ovspec.store.keys import BlobKey
-from ovspec.store.layout import (
-    ENV_ROOT,
-    STORE_FORMAT_VERSION,
-    StoreLayout,
-    default_root,
-)
-from ovspec.store.locks import KeyLock, try_lock
+from ovspec.store.layout import ENV_ROOT, STORE_FORMAT_VERSION, StoreLayout, default_root
+from ovspec.store.locks import ENV_LOCK_WAIT_S, KeyLock, LockPolicy, LockTimeout, try_lock
 from ovspec.store.records import (
     BlobOutcome,
     GcReport,
+    PayloadWriteError,
     ProducedBlob,
     StoreEntry,
     StoreStats,
@@ -54,12 +44,15 @@ from ovspec.store.records import (
     entry_from_json,
     row_json,
 )
+from ovspec.store.trust import trust_shared_from_env
 
 __all__ = [
     "DEFAULT_SIZE_LIMIT_BYTES",
     "STORE_FORMAT_VERSION",
     "BlobOutcome",
     "GcReport",
+    "LockPolicy",
+    "PayloadWriteError",
     "ProducedBlob",
     "Store",
     "StoreEntry",
@@ -71,9 +64,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_LIMIT_BYTES = 20 * 2**30
 
-# Failures of the storage itself (as opposed to bugs): these fail open unless strict.
-_IO_ERRORS = INDEX_ERRORS
-
 
 class Store:
     """A content-addressed store of compiled-model blobs under one root folder.
@@ -83,6 +73,13 @@ class Store:
     still gets a usable blob (or a miss); ``strict=True`` raises ``StoreError``
     instead. A corrupt or missing payload is never returned: it is quarantined,
     warned about and treated as a miss, whatever ``strict`` says.
+
+    A folder another user owns or can write is refused unless ``trust_shared``
+    (default: ``$OVSPEC_TRUST_SHARED_STORE``), which opens it read-only: nothing is
+    written, payloads are still verified. A store this process cannot write (a
+    read-only mount) opens read-only by itself. A link where one of the store's
+    folders belongs is refused unless ``repair`` (``check(fix=True)`` replaces it).
+    See cache/README.md for what the store promises and what it does not.
     """
 
     def __init__(
@@ -91,42 +88,47 @@ class Store:
         *,
         strict: bool = False,
         size_limit_bytes: int | None = None,
+        trust_shared: bool | None = None,
+        repair: bool = False,
+        lock_policy: LockPolicy | None = None,
         create: bool = True,
     ) -> None:
-        """Open the store at ``root``; ``create=False`` refuses a folder that holds no
-        store yet (read-only commands must not make one in a mistyped folder)."""
+        """``create=False`` refuses a folder that holds no store yet: read-only commands
+        must not make one in a mistyped folder."""
         if size_limit_bytes is not None and size_limit_bytes <= 0:
             raise StoreError(f"size limit must be > 0 bytes, got {size_limit_bytes}")
-        self.layout = StoreLayout(Path(root).expanduser().absolute())
-        self._strict = strict
-        layout = self.layout
-        if not create and not layout.format_file.is_file():
+        # The root may be a link the user chose; below it, nothing is followed.
+        self.layout = StoreLayout(Path(root).expanduser().resolve())
+        if not create and not self.layout.format_file.is_file():
             raise StoreError(
-                f"no ovspec store at {layout.root}; check {arg('root')}, or build one with "
-                "`ovspec build`"
+                f"no ovspec store at {self.layout.root}; check {arg('root')}, or build one "
+                "with `ovspec build`"
             )
+        self._strict = strict
+        self._warned: set[str] = set()
         try:
-            layout.root.mkdir(parents=True, exist_ok=True)
-            layout.ensure_format()
-            for d in (layout.blobs, layout.tmp, layout.quarantine, layout.locks):
-                d.mkdir(exist_ok=True)
-            # mkdir of existing folders proves nothing: probe a real write.
-            fd, probe = tempfile.mkstemp(dir=layout.tmp, prefix="probe.")
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
+            self.lock_policy = lock_policy or LockPolicy.from_env()
+        except ValueError as exc:
+            raise StoreError(str(exc)) from exc
+        shared = trust_shared_from_env() if trust_shared is None else trust_shared
+        self.access = opening.prepare(self.layout, trust_shared=shared, repair=repair)
+        self.files = EntryFiles(self.layout)
+        try:
+            self.index = opening.open_index(
+                self.layout,
+                self.access,
+                self.lock_policy,
+                self.warn,
+                usable="index" not in self.access.report.bad_paths,
+            )
+        except INDEX_ERRORS as exc:
             raise StoreError(
-                f"cache folder {layout.root} is not writable ({exc.strerror or exc}); "
+                f"cache folder {self.layout.root}: its index cannot be opened ({exc}); "
                 f"pass {arg('root')} or set {ENV_ROOT}"
             ) from exc
-        try:
-            self.index = Index(str(layout.index))
-        except _IO_ERRORS as exc:
-            raise StoreError(
-                f"cache folder {layout.root}: its index cannot be opened ({exc}); "
-                f"pass {arg('root')} or set {ENV_ROOT}"
-            ) from exc
-        self.files = EntryFiles(layout)
+        if not self.read_only and not self.access.report.links:
+            with contextlib.suppress(OSError):  # a leak to clean, not a reason to fail
+                opening.remove_stale_temps(self.layout, time.time())
         if size_limit_bytes is not None:
             self.set_size_limit(size_limit_bytes)
 
@@ -155,6 +157,23 @@ class Store:
         return self._strict
 
     @property
+    def read_only(self) -> bool:
+        """Nothing is written: a shared store opened with ``trust_shared``, or a folder
+        this process cannot write. Lookups still verify; misses compile outside."""
+        return self.access.read_only
+
+    @property
+    def models_folder(self) -> Path:
+        """Where built-in models go: this store's models/, or for a store that is
+        read-only here, the user's own default store's (never into another's store)."""
+        own = default_root().expanduser().resolve() / "models"
+        return self.layout.models if not self.read_only or own.parent == self.root else own
+
+    def require_writable(self, what: str) -> None:
+        if self.read_only:
+            raise StoreError(f"blob store {self.root} is read-only here; cannot {what}")
+
+    @property
     def size_limit_bytes(self) -> int:
         return self.index.size_limit_bytes(DEFAULT_SIZE_LIMIT_BYTES)
 
@@ -162,7 +181,8 @@ class Store:
         """Persist a new size limit (shared by every process using this root)."""
         if size_limit_bytes <= 0:
             raise StoreError(f"size limit must be > 0 bytes, got {size_limit_bytes}")
-        self.index.set_size_limit_bytes(size_limit_bytes)
+        with self.locked_io("set the size limit"):
+            self.index.set_size_limit_bytes(size_limit_bytes)
 
     # -- small helpers shared with maintenance -------------------------------------------
 
@@ -178,11 +198,19 @@ class Store:
         message = f"blob store {self.root}: {what} ({exc})"
         if self._strict:
             raise StoreError(message) from exc
-        log.warning("%s", message)
-        warnings.warn(message, StoreWarning, stacklevel=3)
+        self.warn(message)
 
     def warn(self, message: str) -> None:
-        log.warning("%s", message)
+        """One ``StoreWarning`` per distinct message and store object.
+
+        Only a warning, not also a log record at WARNING: with logging unconfigured,
+        Python prints both, so every message appeared twice (issue 10).
+        """
+        message = " ".join(message.split())  # one line, whatever an OS error said
+        if message in self._warned:
+            return
+        self._warned.add(message)
+        log.debug("%s", message)
         warnings.warn(message, StoreWarning, stacklevel=3)
 
     def get_row(self, hex_: str) -> StoreEntry | None:
@@ -216,27 +244,12 @@ class Store:
         self.files.delete_payload_and_sidecar(hex_)
         return had_row
 
-    def _touch(self, hex_: str) -> float:
-        now = time.time()
-        self.index.touch(hex_, now)
-        return now
-
     # -- reads -------------------------------------------------------------------
 
     def peek(self, key: BlobKey) -> bool:
-        """Whether ``key`` looks stored (a row naming it and a payload of its size), without
-        hashing, counting or touching anything: a cheap "would this hit?". ``lookup``
-        still verifies before anything is used."""
-        try:
-            entry = self.get_row(key.hex)
-        except (ValueError, *_IO_ERRORS):  # type: ignore[misc]
-            return False
-        if entry is None or entry.components != key.components:
-            return False
-        try:
-            return entry.path.stat().st_size == entry.size_bytes
-        except OSError:
-            return False
+        """Whether ``key`` looks stored, without hashing, counting or touching anything
+        (``listing.peek``); ``lookup`` still verifies before anything is used."""
+        return listing.peek(self, key)
 
     def lookup(self, key: BlobKey) -> StoreEntry | None:
         """A verified entry for ``key``, or None (counted as a hit or a miss).
@@ -244,156 +257,163 @@ class Store:
         The payload is checksummed on every call; a corrupt or missing one is
         quarantined with a ``StoreWarning`` and reported as a miss. The returned
         path stays valid until the entry is evicted or removed (by this or another
-        process); import it promptly, or copy it, rather than keep the path around.
+        process); to read the bytes that were verified, use ``get_or_create`` with
+        ``map_payload=True``, whose mapping outlives an eviction.
         """
         try:
-            entry = self._lookup(key, held=False)
-            if entry is None:
-                self.index.bump(STAT_MISSES)
-            else:
-                self.count_hit(entry)
-        except _IO_ERRORS as exc:
+            entry, _ = self._lookup(key, held=False, mapped=False)
+        except INDEX_ERRORS as exc:
             self.fail_open(f"lookup of {key.hex[:12]} failed; treating it as a miss", exc)
             return None
+        if entry is None:
+            try:
+                self.index.bump(STAT_MISSES)
+            except INDEX_ERRORS as exc:
+                self.fail_open("cannot update statistics", exc)
+        else:
+            self._count_hit_open(entry)
         return entry
 
     def count_hit(self, entry: StoreEntry) -> None:
         self.index.bump(STAT_HITS)
         self.index.bump(STAT_SAVED_US, round(entry.compile_s * 1e6))
 
-    def lookup_locked(self, key: BlobKey) -> StoreEntry | None:
+    def lookup_locked(
+        self, key: BlobKey, *, mapped: bool = False
+    ) -> tuple[StoreEntry | None, mmap.mmap | None]:
         """``lookup`` for a caller that holds the key's lock (counts nothing)."""
-        return self._lookup(key, held=True)
+        return self._lookup(key, held=True, mapped=mapped)
 
-    def _lookup(self, key: BlobKey, *, held: bool) -> StoreEntry | None:
+    def _lookup(
+        self, key: BlobKey, *, held: bool, mapped: bool
+    ) -> tuple[StoreEntry | None, mmap.mmap | None]:
         hex_ = key.hex
         try:
             entry = self.get_row(hex_)
         except ValueError as exc:
             self.warn(f"index row of blob {hex_[:12]} is malformed ({exc}); ignoring it")
             entry = None
-        if entry is not None:
-            if entry.components != key.components:
-                self.warn(f"index row of blob {hex_[:12]} names another key; ignoring it")
-                return None
-            verdict = verify(entry)
-            if verdict is Verdict.OK:
-                return dataclasses.replace(entry, accessed_unix_s=self._touch(hex_))
-            self._discard_bad(hex_, verdict, held=held)
-            return None
-        return self._heal(key, held=held)
-
-    def _discard_bad(self, hex_: str, verdict: Verdict, *, held: bool) -> None:
-        if verdict is Verdict.MISSING:
-            what = "missing its payload; dropped the entry"
-        else:
-            what = "corrupt (size or checksum mismatch); quarantined it"
-        self.warn(f"blob {hex_[:12]} in {self.root} is {what}; it will be rebuilt")
-        with self.try_lock(hex_, held=held) as got:
-            if not got:
-                return  # another process is rebuilding this key right now
-            # Re-verify under the lock: a producer may have replaced it meanwhile.
+        if entry is None:
+            entry = healing.reindex(self, key, held=held)
+            if entry is None:
+                return None, None
+        elif entry.components != key.components:
+            self.warn(f"index row of blob {hex_[:12]} names another key; ignoring it")
+            return None, None
+        # Verify the bytes the caller will read: one mapping, hashed, then handed out.
+        verdict, mapping = map_verified(entry)
+        if verdict is Verdict.OK:
+            if not mapped and mapping is not None:
+                mapping.close()
+                mapping = None
             try:
-                entry = self.get_row(hex_)
-            except ValueError:
-                entry = None
-            if entry is not None and verify(entry) is Verdict.OK:
-                return
-            if verdict is Verdict.MISSING:
-                self.delete_entry_files(hex_)
-            else:
-                self.quarantine_entry(hex_)
+                accessed = time.time()
+                self.index.touch(hex_, accessed)
+            except INDEX_ERRORS as exc:
+                # A verified hit stays a hit when only its access time cannot be kept
+                # (a full disk under the index).
+                self.fail_open("cannot record an access time", exc)
+                accessed = entry.accessed_unix_s
+            return dataclasses.replace(entry, accessed_unix_s=accessed), mapping
+        healing.discard_bad(self, hex_, entry, verdict, held=held)
+        return None, None
 
-    def _heal(self, key: BlobKey, *, held: bool) -> StoreEntry | None:
-        """No index row: re-index payload + sidecar if they verify (self-heal)."""
-        hex_ = key.hex
-        if not self.layout.payload_path(hex_).exists():
-            return None
-        try:
-            sidecar = self.files.read_sidecar(hex_)
-        except ValueError:
-            return None  # check(fix=True) quarantines it; a producer overwrites it
-        if sidecar is None or sidecar.components != key.components:
-            return None  # no sidecar yet: possibly a write in progress
-        with self.try_lock(hex_, held=held) as got:
-            if not got or verify(sidecar) is not Verdict.OK:
-                return None
-            entry = dataclasses.replace(sidecar, accessed_unix_s=time.time())
-            self.index.add_row(hex_, row_json(entry))
-            log.warning("re-indexed blob %s from its sidecar", hex_[:12])
-            return entry
+    def quarantine(self, hex_: str, checksum: str, why: str) -> bool:
+        """Move a stored entry aside because a consumer found it unusable (its bytes
+        verify, but the device cannot import them); see ``healing.quarantine``."""
+        return healing.quarantine(self, hex_, checksum, why)
 
     # -- writes ------------------------------------------------------------------
 
-    def get_or_create(self, key: BlobKey, produce: Callable[[Path], ProducedBlob]) -> BlobOutcome:
+    def get_or_create(
+        self,
+        key: BlobKey,
+        produce: Callable[[Path], ProducedBlob],
+        *,
+        validate: Callable[[Path], None] | None = None,
+        map_payload: bool = False,
+    ) -> BlobOutcome:
         """The stored blob for ``key``, running ``produce`` if (and only if) it is missing.
 
         ``produce(path)`` writes the payload to ``path`` (an empty temp file on the
-        store's filesystem) and reports its compile time. Concurrent callers for one
-        key, in any threads or processes, run ``produce`` once: the others wait on
-        the key's lock and then hit. If ``produce`` raises, nothing is stored and
-        the exception propagates. If the store cannot be written, the payload is
-        returned from a temp folder outside it (``stored=False``), or ``StoreError``
-        is raised when strict. A producer that hangs keeps the others waiting: the
-        lock has no timeout (a killed producer releases it at once).
+        store's filesystem) and reports its compile time and the bytes it wrote.
+        ``validate(path)``, if given, runs before the payload is published and raises
+        when the payload is unusable (e.g. the device cannot import it): nothing is
+        stored then and the exception propagates. Concurrent callers for one key, in
+        any threads or processes, run ``produce`` once: the others wait on the key's
+        lock (bounded by ``lock_policy``) and then hit. If ``produce`` raises, nothing
+        is stored and the exception propagates (a ``PayloadWriteError`` is a storage
+        failure: it fails open). If the store cannot be written, the payload is
+        returned from a temp folder outside it (``stored=False``; the caller calls
+        ``outcome.discard()``), or ``StoreError`` is raised when strict.
+        ``map_payload``: a hit carries a mapping of the verified bytes (``payload``).
         """
         hex_ = key.hex
         try:
-            entry = self._lookup(key, held=False)
-        except _IO_ERRORS as exc:
+            entry, mapping = self._lookup(key, held=False, mapped=map_payload)
+        except INDEX_ERRORS as exc:
             self.fail_open(f"lookup of {hex_[:12]} failed", exc)
-            return publish.produce_outside(self, key, produce)
+            return publish.produce_outside(self, key, produce, validate)
         if entry is not None:
             self._count_hit_open(entry)
-            return self.outcome(entry, hit=True, wait_s=0.0)
+            return BlobOutcome.stored_entry(entry, hit=True, wait_s=0.0, payload=mapping)
+        if self.read_only:
+            self.fail_open(
+                f"is read-only here; blob {hex_[:12]} is compiled outside it",
+                PermissionError("not stored"),
+            )
+            return publish.produce_outside(self, key, produce, validate)
 
         lock = self.key_lock(hex_)
         wait_s = 0.0
         try:
             if not lock.acquire(blocking=False):
                 t0 = time.perf_counter()
-                lock.acquire(blocking=True)
+                lock.acquire(blocking=True, policy=self.lock_policy)
                 wait_s = time.perf_counter() - t0
+        except LockTimeout as exc:
+            self.fail_open(
+                f"gave up waiting for the lock of blob {hex_[:12]}; compiling it outside the "
+                f"store, without the lock ({ENV_LOCK_WAIT_S} sets how long to wait)",
+                exc,
+            )
+            return publish.produce_outside(self, key, produce, validate, wait_s=exc.waited_s)
         except OSError as exc:
             self.fail_open(f"cannot lock {hex_[:12]}", exc)
-            return publish.produce_outside(self, key, produce)
+            return publish.produce_outside(self, key, produce, validate)
         try:
-            return publish.create_locked(self, key, produce, wait_s)
+            return publish.create_locked(self, key, produce, wait_s, validate)
         finally:
             lock.release()
 
     def _count_hit_open(self, entry: StoreEntry) -> None:
         try:
             self.count_hit(entry)
-        except _IO_ERRORS as exc:
+        except INDEX_ERRORS as exc:
             self.fail_open("cannot update statistics", exc)
-
-    def outcome(self, entry: StoreEntry, *, hit: bool, wait_s: float) -> BlobOutcome:
-        return BlobOutcome(
-            path=entry.path,
-            hex=entry.hex,
-            hit=hit,
-            stored=True,
-            compile_s=entry.compile_s,
-            wait_s=wait_s,
-            size_bytes=entry.size_bytes,
-            metadata=entry.metadata,
-        )
 
     # -- eviction and removal ------------------------------------------------------
 
     def evict_to_limit(self, keep: str | None) -> tuple[int, int]:
-        """Evict least-recently-used entries until under the limit, never ``keep`` nor
-        the last entry; (entries evicted, bytes freed). See ``maintenance.evict``."""
-        return maintenance.evict(self, keep)
+        """Evict least-recently-used entries until under the limit (see
+        ``maintenance.evict_to_limit``). Returns (entries evicted, bytes freed)."""
+        if self.read_only:
+            return 0, 0
+        return maintenance.evict_to_limit(self, keep)
 
     def remove(self, hex_: str) -> bool:
         """Remove the entry with this full hex; False if there is none."""
+        self.require_writable("remove an entry")
         with self.locked_io("remove an entry"):
             if not self.index.has_row(hex_):
                 return False
             lock = self.key_lock(hex_)
-            lock.acquire(blocking=True)
+            try:
+                lock.acquire(blocking=True, policy=self.lock_policy)
+            except LockTimeout as exc:
+                raise StoreError(
+                    f"blob store {self.root}: cannot remove {hex_[:12]}: {exc}"
+                ) from exc
             try:
                 return self.delete_entry_files(hex_)
             finally:
@@ -404,7 +424,7 @@ class Store:
         """Maintenance operations surface storage failures as StoreError."""
         try:
             yield
-        except _IO_ERRORS as exc:
+        except INDEX_ERRORS as exc:
             raise StoreError(f"blob store {self.root}: cannot {what} ({exc})") from exc
 
     # -- listing and statistics --------------------------------------------------------
@@ -412,46 +432,21 @@ class Store:
     def entries(self) -> list[StoreEntry]:
         """Every well-formed index row, most recently used first (not verified)."""
         out: list[StoreEntry] = []
-        for hex_ in self.index.row_hexes():
-            try:
-                entry = self.get_row(hex_)
-            except ValueError:
-                continue  # check() reports it
-            if entry is not None:
-                out.append(entry)
+        with self.locked_io("list the entries"):
+            for hex_ in self.index.row_hexes():
+                with contextlib.suppress(ValueError):  # a malformed row: check() reports it
+                    entry = self.get_row(hex_)
+                    if entry is not None:
+                        out.append(entry)
         out.sort(key=lambda e: (e.accessed_unix_s, e.created_unix_s), reverse=True)
         return out
 
     def find(self, prefix: str) -> StoreEntry:
         """The entry whose hex starts with ``prefix``; StoreError if none or several."""
-        needle = prefix.strip().lower()
-        if not needle:
-            raise StoreError("empty key prefix; give the first hex digits of an entry")
-        matches = [e for e in self.entries() if e.hex.startswith(needle)]
-        if not matches:
-            raise StoreError(f"no entry matches {prefix!r}; see `ovspec cache ls`")
-        if len(matches) > 1:
-            shown = ", ".join(e.hex[:12] for e in matches[:4])
-            raise StoreError(
-                f"prefix {prefix!r} is ambiguous: it matches {len(matches)} entries "
-                f"({shown}); give more digits"
-            )
-        return matches[0]
+        return listing.find(self, prefix)
 
     def stats(self) -> StoreStats:
-        with self.locked_io("read statistics"):
-            entries = self.entries()
-            counter = self.index.counter
-            return StoreStats(
-                hits=counter(STAT_HITS),
-                misses=counter(STAT_MISSES),
-                saved_s=counter(STAT_SAVED_US) / 1e6,
-                entries=len(entries),
-                stored_bytes=sum(e.size_bytes for e in entries),
-                size_limit_bytes=self.size_limit_bytes,
-                evictions=counter(STAT_EVICTIONS),
-                quarantined=counter(STAT_QUARANTINED),
-            )
+        return listing.stats(self)
 
     # -- maintenance (see ovspec.store.maintenance) ------------------------------------
 
@@ -459,30 +454,27 @@ class Store:
         """Problems found in index, payloads, sidecars and temps; [] when healthy.
 
         With ``fix=True`` each problem is also repaired (the list still names what
-        was found, like ``diskcache.Cache.check``). Keys whose lock is held (a write
+        was found, as diskcache's ``Cache.check`` does). Keys whose lock is held (a write
         in progress) are skipped. Every payload is hashed: cost ~ bytes stored.
         """
         with self.locked_io("check the store"):
             return maintenance.check(self, fix)
 
+    def usage(self) -> StoreUsage:
+        """Bytes on disk under the root, by what holds them (never through a link)."""
+        with self.locked_io("measure the store"):
+            return maintenance.usage(self)
+
     def gc(self) -> GcReport:
         """Repair what check(fix=True) repairs, evict to the size limit, and drop idle
-        lock files, quarantined payloads older than a week, and model folders no
-        built-in preset of this ovspec names any more (or half-written ones)."""
+        lock files and quarantined payloads older than a week."""
         with self.locked_io("collect garbage"):
             return maintenance.gc(self)
 
     def clear(self) -> int:
-        """Remove every entry, quarantined file, stale temp, written model and the
-        digest memo; reset the counters.
+        """Remove every entry, quarantined file and stale temp; reset the counters.
 
         Keeps the settings (size limit). Returns the number of entries removed.
         """
         with self.locked_io("clear the store"):
             return maintenance.clear(self)
-
-    def usage(self) -> StoreUsage:
-        """Bytes on disk under the root, by what holds them (files are not followed
-        through symlinks)."""
-        with self.locked_io("measure the store"):
-            return maintenance.usage(self)

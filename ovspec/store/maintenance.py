@@ -4,6 +4,10 @@
 each problem (repairing it with ``fix``); ``gc`` repairs, evicts to the size limit and
 drops idle locks and old quarantine; ``clear`` empties the store but its settings.
 Each runs under the caller's ``Store.locked_io``.
+
+Every walk is ``lstat``-based and stays below the root: a link found inside the store
+is reported and, when repairing, removed (the link, never its target); no folder is
+entered through a link (issue 10: ``clear`` used to delete files a link pointed at).
 """
 
 from __future__ import annotations
@@ -12,15 +16,23 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ovspec.store.files import hash_file, unlink
+from ovspec.store import opening
+from ovspec.store.files import NOT_A_FILE, hash_file, remove_path, unlink
 from ovspec.store.index import STAT_EVICTIONS
-from ovspec.store.layout import HEX_RE, LOCK_RE, PAYLOAD_RE, SIDECAR_RE, TEMP_RE
+from ovspec.store.layout import (
+    FOLDER_MODE,
+    HEX_RE,
+    LOCK_RE,
+    PAYLOAD_RE,
+    SIDECAR_RE,
+    STORE_LOCK_NAME,
+    TEMP_RE,
+)
 from ovspec.store.locks import KeyLock
 from ovspec.store.records import (
     GcReport,
@@ -30,66 +42,53 @@ from ovspec.store.records import (
     record_json,
     row_json,
 )
+from ovspec.store.trust import FOLDER_NAMES, inspect
 
 if TYPE_CHECKING:
     from ovspec.store.local import Store
 
 log = logging.getLogger(__name__)
 
-# A temp file whose key lock is free is stale at once; one whose name does not
-# say which key it belongs to is stale after this age.
-STALE_TEMP_S = 3600.0
+STALE_TEMP_S = opening.STALE_TEMP_S
 # gc() deletes quarantined payloads older than this.
 QUARANTINE_KEEP_S = 7 * 24 * 3600.0
 # gc() deletes model folders under models/ unused for this long (a model folder's
-# LAST_USED file is touched each time ovspec resolves it; they are rebuilt on demand).
+# marker file is touched each time ovspec resolves it: ir.model_dir.mark_used); they
+# are written again on demand.
 MODEL_KEEP_S = 7 * 24 * 3600.0
 MODEL_LAST_USED = ".last-used"
 
 
-def evict(store: Store, keep: str | None) -> tuple[int, int]:
-    """Evict least-recently-used entries until under the limit.
+def _scan(folder: Path) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of each entry of a real folder, sorted; [] if it is not one."""
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return []
+        with os.scandir(folder) as it:
+            found = []
+            for e in it:
+                with contextlib.suppress(FileNotFoundError):
+                    found.append((e.name, e.stat(follow_symlinks=False)))
+    except FileNotFoundError:
+        return []
+    return sorted(found, key=lambda x: x[0])
 
-    Never evicts ``keep`` (the entry just written) nor the last entry left, so
-    a single blob over the limit is kept (with a warning). Entries whose lock
-    is busy are skipped. Returns (entries evicted, bytes freed).
-    """
-    limit = store.size_limit_bytes
-    entries = store.entries()
-    total = sum(e.size_bytes for e in entries)
-    evicted = freed = 0
-    if total <= limit:
-        return 0, 0
-    victims = sorted(
-        (e for e in entries if e.hex != keep),
-        key=lambda e: (e.accessed_unix_s, e.created_unix_s),
-    )
-    remaining = len(entries)
-    for victim in victims:
-        if total <= limit or remaining <= 1:
-            break
-        with store.try_lock(victim.hex) as got:
-            if not got or not store.delete_entry_files(victim.hex):
-                continue  # busy, or another process evicted it first
-        store.index.bump(STAT_EVICTIONS)
-        log.info("evicted blob %s (%d bytes)", victim.hex[:12], victim.size_bytes)
-        total -= victim.size_bytes
-        remaining -= 1
-        evicted += 1
-        freed += victim.size_bytes
-    if total > limit:
-        store.warn(
-            f"blob store {store.root} holds {total} bytes, over its size limit of "
-            f"{limit} bytes after evicting what it could (the newest blob is always kept)"
-        )
-    return evicted, freed
+
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "a folder"
+    return "not a regular file"
 
 
 def check(store: Store, fix: bool) -> list[str]:
-    """Problems found; with ``fix`` also repaired: orphan payloads are re-indexed when
-    their sidecar verifies, else quarantined; corrupt ones are quarantined; stale
-    temps deleted; sidecars rewritten from a verified row; entries over the size
-    limit evicted."""
+    """Problems found; with ``fix`` also repaired: links in place of folders removed,
+    a damaged index rebuilt from the sidecars, orphan payloads re-indexed when their
+    sidecar verifies, else quarantined; corrupt ones quarantined; stale temps deleted;
+    sidecars rewritten from a verified row; entries over the size limit evicted."""
+    if fix:
+        store.require_writable("repair it")
     problems = _check(store, fix)
     limit = store.size_limit_bytes
     entries = store.entries()
@@ -104,56 +103,120 @@ def check(store: Store, fix: bool) -> list[str]:
     return problems
 
 
+def repair_folders(store: Store, fix: bool) -> list[str]:
+    """Links (or files) where the store's folders belong; replaced by empty folders
+    when ``fix`` (quarantine first, so later moves land in a real folder)."""
+    layout = store.layout
+    report = inspect(layout)
+    # Foreign ownership is not listed: such a store opens only when the user trusts it.
+    problems = [f"{text}; not followed" for text in report.links]
+    if not fix or not report.links:
+        return problems
+    order = sorted(report.bad_paths, key=lambda p: (p != "quarantine", p))
+    for rel in order:
+        path = layout.root / rel
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and (stat.S_ISLNK(st.st_mode) or rel == "quarantine"):
+            unlink(path)  # the link (or a file named like the quarantine), not a target
+        elif st is not None:
+            store.files.move_to_quarantine(path)  # a file where a folder belongs
+        if rel in FOLDER_NAMES:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, FOLDER_MODE)
+    if "index" in report.bad_paths:
+        reopen_index(store, "was a link or a file, not a folder")
+    store.access = dataclasses.replace(store.access, report=inspect(layout))
+    return problems
+
+
+def reopen_index(store: Store, why: str) -> None:
+    """Replace the store's index with one rebuilt from the sidecars (store lock held
+    inside)."""
+    with opening.store_lock(store.layout, store.lock_policy):
+        store.index.close()
+        store.index = opening.rebuild(store.layout, why, store.warn)
+
+
 def _check(store: Store, fix: bool) -> list[str]:
     layout = store.layout
-    problems: list[str] = []
-    if not layout.format_file.is_file():
+    problems = repair_folders(store, fix)
+    if store.access.report.links and not fix:
+        return problems  # nothing is walked through a link
+    if store.layout.read_format() is None:
         problems.append("FORMAT file missing")
         if fix:
             layout.ensure_format()
-    problems += store.index.check(fix)
+    index_problems = store.index.check()
+    problems += index_problems
+    if fix and index_problems:
+        reopen_index(store, f"failed its integrity check ({index_problems[0]})")
 
     hexes: set[str] = set()
     for hex_ in store.index.row_hexes():
         if HEX_RE.fullmatch(hex_):
             hexes.add(hex_)
             continue
-        problems.append(f"index: row {'entry:' + hex_!r} does not name a key")
+        problems.append(f"index: row {hex_!r} does not name a key")
         if fix:
             store.index.drop_row(hex_)
-    for path in sorted(layout.blobs.glob("*")):
-        if not path.is_dir():
-            problems.append(f"unexpected file blobs/{path.name}")
-            if fix:
-                store.files.move_to_quarantine(path)
-            continue
-        for child in sorted(path.iterdir()):
-            m = PAYLOAD_RE.fullmatch(child.name) or SIDECAR_RE.fullmatch(child.name)
-            if m is None or m["hex"][:2] != path.name:
-                problems.append(f"unexpected file blobs/{path.name}/{child.name}")
-                if fix:
-                    store.files.move_to_quarantine(child)
-                continue
-            hexes.add(m["hex"])
+    hexes |= _check_blobs(store, fix, problems)
     temps: dict[str, list[Path]] = {}
     now = time.time()
-    for path in sorted(layout.tmp.iterdir()):
-        m = TEMP_RE.fullmatch(path.name)
-        if m is not None:
+    for name, st in _scan(layout.tmp):
+        path = layout.tmp / name
+        m = TEMP_RE.fullmatch(name)
+        if m is not None and stat.S_ISREG(st.st_mode):
             temps.setdefault(m["hex"], []).append(path)
             hexes.add(m["hex"])
             continue
-        with contextlib.suppress(FileNotFoundError):
-            if now - path.stat().st_mtime > STALE_TEMP_S:
-                problems.append(f"stale temp file tmp/{path.name}")
-                if fix:
-                    unlink(path)
+        if not stat.S_ISREG(st.st_mode) or now - st.st_mtime > STALE_TEMP_S:
+            problems.append(f"stale temp file tmp/{name} ({_kind(st)})")
+            if fix:
+                remove_path(path)
+    for name, st in _scan(layout.locks):
+        if not stat.S_ISREG(st.st_mode):
+            problems.append(f"locks/{name} is {_kind(st)}, not a lock file")
+            if fix:
+                remove_path(layout.locks / name)
 
     for hex_ in sorted(hexes):
-        with store.try_lock(hex_) as got:
+        # A read-only store takes no locks (it cannot create lock files) and changes nothing.
+        with store.try_lock(hex_, held=store.read_only) as got:
             if got:  # else a producer is writing this key right now
                 problems += _check_key(store, hex_, temps.get(hex_, []), fix)
     return problems
+
+
+def _check_blobs(store: Store, fix: bool, problems: list[str]) -> set[str]:
+    """Walk blobs/<xx>/ (real folders only); the hexes of well-named payloads and
+    sidecars. Anything else is reported and, when fixing, quarantined."""
+    layout = store.layout
+    hexes: set[str] = set()
+    for name, st in _scan(layout.blobs):
+        path = layout.blobs / name
+        if stat.S_ISLNK(st.st_mode):
+            continue  # reported (and removed) by repair_folders
+        if not stat.S_ISDIR(st.st_mode):
+            problems.append(f"unexpected file blobs/{name}")
+            if fix:
+                store.files.move_to_quarantine(path)
+            continue
+        for child, cst in _scan(path):
+            m = PAYLOAD_RE.fullmatch(child) or SIDECAR_RE.fullmatch(child)
+            if m is None or m["hex"][:2] != name:
+                problems.append(f"unexpected file blobs/{name}/{child}")
+                if fix:
+                    store.files.move_to_quarantine(path / child)
+                continue
+            hexes.add(m["hex"])
+            if not stat.S_ISREG(cst.st_mode):
+                problems.append(f"blobs/{name}/{child} is {_kind(cst)}, not a file")
+                if fix:
+                    store.files.move_to_quarantine(path / child)
+    return hexes
 
 
 def _check_key(store: Store, hex_: str, temps: list[Path], fix: bool) -> list[str]:
@@ -184,6 +247,7 @@ def _check_key(store: Store, hex_: str, temps: list[Path], fix: bool) -> list[st
     def matches(e: StoreEntry | None) -> bool:
         return (
             e is not None
+            and measured not in (None, NOT_A_FILE)
             and measured == (e.size_bytes, e.checksum)
             and components_match_hex(e.components, hex_)
         )
@@ -227,50 +291,35 @@ def _check_key(store: Store, hex_: str, temps: list[Path], fix: bool) -> list[st
     elif sidecar is not None or sidecar_bad:
         problems.append(f"sidecar {short} has no payload")
         if fix:
-            unlink(store.layout.sidecar_path(hex_))
+            remove_path(store.layout.sidecar_path(hex_))
     return problems
 
 
-def remove_stale_temps(store: Store) -> int:
-    removed = 0
-    now = time.time()
-    for path in store.layout.tmp.iterdir():
-        m = TEMP_RE.fullmatch(path.name)
-        if m is None:
-            with contextlib.suppress(FileNotFoundError):
-                if now - path.stat().st_mtime > STALE_TEMP_S:
-                    removed += unlink(path)
-            continue
-        with store.try_lock(m["hex"]) as got:
-            if got:
-                removed += unlink(path)
-    return removed
-
-
 def gc(store: Store) -> GcReport:
+    store.require_writable("collect garbage")
     repaired = _check(store, fix=True)
     evicted, freed = store.evict_to_limit(keep=None)
     live = set(store.index.row_hexes())
     locks_removed = 0
-    for path in store.layout.locks.iterdir():
-        m = LOCK_RE.fullmatch(path.name)
-        if m is None or m["hex"] in live:
+    for name, st in _scan(store.layout.locks):
+        m = LOCK_RE.fullmatch(name)
+        if m is None or m["hex"] in live or not stat.S_ISREG(st.st_mode):
             continue
-        lock = KeyLock(path)
+        lock = KeyLock(store.layout.locks / name)
         if lock.acquire(blocking=False):
             try:
                 # Unlinking while holding it: later acquirers notice the inode change
                 # and reopen (see KeyLock).
                 if m["hex"] not in set(store.index.row_hexes()):
-                    locks_removed += unlink(path)
+                    locks_removed += unlink(store.layout.locks / name)
             finally:
                 lock.release()
     purged = 0
     cutoff = time.time() - QUARANTINE_KEEP_S
-    for path in store.layout.quarantine.iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            if path.stat().st_mtime < cutoff:
-                purged += unlink(path)
+    for name, st in _scan(store.layout.quarantine):
+        if st.st_mtime < cutoff:
+            with contextlib.suppress(FileNotFoundError):
+                purged += remove_path(store.layout.quarantine / name)
     return GcReport(
         evicted_entries=evicted,
         freed_bytes=freed,
@@ -283,40 +332,35 @@ def gc(store: Store) -> GcReport:
 
 def _remove_unused_models(store: Store, cutoff_unix_s: float) -> int:
     """Model folders last used before the cutoff, and half-written ones (a writer's
-    staging folder, ``.NAME.*.tmp``) older than a stale temp."""
-    folder = store.layout.models
-    if not folder.is_dir():
-        return 0
+    staging folder, ``.NAME.*.tmp``) older than a stale temp. Links are never followed."""
     removed = 0
-    for path in folder.iterdir():
-        if not path.is_dir() or path.is_symlink():
+    now = time.time()
+    for name, st in _scan(store.layout.models):
+        path = store.layout.models / name
+        if not stat.S_ISDIR(st.st_mode):
             continue
-        if path.name.startswith("."):
-            used = path.stat().st_mtime
-            stale = used < time.time() - STALE_TEMP_S
+        if name.startswith("."):
+            stale = st.st_mtime < now - STALE_TEMP_S
         else:
-            marker = path / MODEL_LAST_USED
-            used = marker.stat().st_mtime if marker.is_file() else path.stat().st_mtime
+            try:
+                marker = os.lstat(path / MODEL_LAST_USED)
+                used = marker.st_mtime if stat.S_ISREG(marker.st_mode) else st.st_mtime
+            except FileNotFoundError:
+                used = st.st_mtime
             stale = used < cutoff_unix_s
         if stale:
-            shutil.rmtree(path, ignore_errors=True)
-            removed += 1
+            removed += remove_path(path)
     return removed
 
 
 def _tree_bytes(path: Path) -> int:
-    """Bytes of the regular files below ``path``, never following symlinks."""
-    if not path.exists() or path.is_symlink():
-        return 0
-    if path.is_file():
-        return path.lstat().st_size
+    """Bytes of the regular files below ``path``, never following links."""
     total = 0
-    for dirpath, _dirs, files in os.walk(path, followlinks=False):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):
-                st = (Path(dirpath) / name).lstat()
-                if stat.S_ISREG(st.st_mode):
-                    total += st.st_size
+    for name, st in _scan(path):
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+        elif stat.S_ISDIR(st.st_mode):
+            total += _tree_bytes(path / name)
     return total
 
 
@@ -335,22 +379,70 @@ def usage(store: Store) -> StoreUsage:
 
 
 def clear(store: Store) -> int:
+    store.require_writable("clear it")
+    repair_folders(store, fix=True)
     removed = sum(store.remove(h) for h in store.index.row_hexes())
-    for path in store.layout.blobs.glob("*/*"):
-        m = PAYLOAD_RE.fullmatch(path.name) or SIDECAR_RE.fullmatch(path.name)
-        if m is None:
-            unlink(path)
+    layout = store.layout
+    for name, st in _scan(layout.blobs):
+        folder = layout.blobs / name
+        if not stat.S_ISDIR(st.st_mode):
+            remove_path(folder)  # a stray file or a link: removed, never followed
             continue
-        with store.try_lock(m["hex"]) as got:
-            if got:
-                unlink(path)
-    for path in store.layout.quarantine.iterdir():
-        unlink(path)
-    remove_stale_temps(store)
+        for child, cst in _scan(folder):
+            m = PAYLOAD_RE.fullmatch(child) or SIDECAR_RE.fullmatch(child)
+            if m is None or not stat.S_ISREG(cst.st_mode):
+                remove_path(folder / child)
+                continue
+            with store.try_lock(m["hex"]) as got:
+                if got:
+                    unlink(folder / child)
+    for name, _ in _scan(layout.quarantine):
+        remove_path(layout.quarantine / name)
+    for name, st in _scan(layout.locks):
+        if name != STORE_LOCK_NAME and not stat.S_ISREG(st.st_mode):
+            remove_path(layout.locks / name)
+    opening.remove_stale_temps(layout, time.time())
     store.index.reset_counters()
-    # Models written into the store and the digest memo are derived data: both are
-    # made again on demand.
-    for folder in (store.layout.models, store.layout.digests):
-        if folder.is_dir() and not folder.is_symlink():
-            shutil.rmtree(folder, ignore_errors=True)
+    # Models written into the store and the digest memo are derived data, made again
+    # on demand; remove_path never follows a link.
+    remove_path(layout.models)
+    remove_path(layout.digests)
     return removed
+
+
+def evict_to_limit(store: Store, keep: str | None) -> tuple[int, int]:
+    """Evict least-recently-used entries until under the limit.
+
+    Never evicts ``keep`` (the entry just written) nor the last entry left, so
+    a single blob over the limit is kept (with a warning). Entries whose lock
+    is busy are skipped. Returns (entries evicted, bytes freed).
+    """
+    limit = store.size_limit_bytes
+    entries = store.entries()
+    total = sum(e.size_bytes for e in entries)
+    evicted = freed = 0
+    if total <= limit:
+        return 0, 0
+    victims = sorted(
+        (e for e in entries if e.hex != keep),
+        key=lambda e: (e.accessed_unix_s, e.created_unix_s),
+    )
+    remaining = len(entries)
+    for victim in victims:
+        if total <= limit or remaining <= 1:
+            break
+        with store.try_lock(victim.hex) as got:
+            if not got or not store.delete_entry_files(victim.hex):
+                continue  # busy, or another process evicted it first
+        store.index.bump(STAT_EVICTIONS)
+        log.info("evicted blob %s (%d bytes)", victim.hex[:12], victim.size_bytes)
+        total -= victim.size_bytes
+        remaining -= 1
+        evicted += 1
+        freed += victim.size_bytes
+    if total > limit:
+        store.warn(
+            f"blob store {store.root} holds {total} bytes, over its size limit of "
+            f"{limit} bytes after evicting what it could (the newest blob is always kept)"
+        )
+    return evicted, freed

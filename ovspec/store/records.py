@@ -7,7 +7,9 @@ A ``StoreEntry`` is what the index row and the sidecar of one blob both describe
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,21 +18,40 @@ from typing import Any
 from ovspec.store.keys import BlobKey, KeyComponent
 from ovspec.store.layout import HEX_RE
 
+# Private temp folders (in the system temp folder) for payloads the store cannot keep.
+OUTSIDE_PREFIX = "ovspec-"
+
 
 class StoreWarning(UserWarning):
     """The store met a fault it worked around (corrupt payload, unwritable folder...)."""
 
 
+class PayloadWriteError(OSError):
+    """A producer could not write the payload it was asked for (disk full, file size
+    limit, I/O error): a failure of the storage, not of the producer's work. The store
+    then fails open (or raises ``StoreError`` when strict); nothing is published."""
+
+
 @dataclass(frozen=True)
 class ProducedBlob:
-    """What a producer reports after writing a payload to the path it was given."""
+    """What a producer reports after writing a payload to the path it was given.
+
+    ``size_bytes``: how many bytes the producer wrote, as it counted them. The store
+    publishes only a payload of exactly that size (a short file is a failed write that
+    went unnoticed, issue 10); None when the producer does not count.
+    """
 
     compile_s: float
     metadata: Mapping[str, str] = field(default_factory=dict)
+    size_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.compile_s) and self.compile_s >= 0):
             raise ValueError(f"compile_s must be a finite number >= 0, got {self.compile_s!r}")
+        if self.size_bytes is not None and (
+            isinstance(self.size_bytes, bool) or self.size_bytes < 0
+        ):
+            raise ValueError(f"size_bytes must be an int >= 0, got {self.size_bytes!r}")
         for k, v in self.metadata.items():
             if not (isinstance(k, str) and isinstance(v, str)):
                 raise ValueError(f"producer metadata must map str to str, got {k!r}: {v!r}")
@@ -85,7 +106,9 @@ class BlobOutcome:
     the hit saved). ``wait_s`` is the time spent waiting for another producer of
     the same key. ``stored`` is False when the store could not be written and the
     payload sits in a private temp folder outside the store: the caller owns it
-    and should delete it when done.
+    and removes it with ``discard()`` when done. ``payload``: when asked for, a
+    copy-on-write mapping of the verified bytes (read from it, not from ``path``:
+    another process may evict the entry at any time, the mapping stays valid).
     """
 
     path: Path
@@ -96,6 +119,37 @@ class BlobOutcome:
     wait_s: float
     size_bytes: int
     metadata: Mapping[str, str]
+    payload: mmap.mmap | None = field(default=None, compare=False, repr=False)
+    checksum: str | None = None  # of a stored entry (None: not stored)
+
+    @classmethod
+    def stored_entry(
+        cls, entry: StoreEntry, *, hit: bool, wait_s: float, payload: mmap.mmap | None = None
+    ) -> BlobOutcome:
+        """The outcome that hands out a stored entry."""
+        return cls(
+            path=entry.path,
+            hex=entry.hex,
+            hit=hit,
+            stored=True,
+            compile_s=entry.compile_s,
+            wait_s=wait_s,
+            size_bytes=entry.size_bytes,
+            metadata=entry.metadata,
+            payload=payload,
+            checksum=entry.checksum,
+        )
+
+    def discard(self) -> None:
+        """Remove a payload the store did not keep, and its private folder."""
+        if self.stored:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        folder = self.path.parent
+        if folder.name.startswith(OUTSIDE_PREFIX):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if empty; never a folder of the store
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ def bad_inputs(tmp_path: Path, qwen2_dir: Path) -> dict[str, tuple[list[str], st
         "rung over the limit": ([model, "--ladder", "8K,16K"], "max_position_embeddings 8192"),
         "unknown device": ([model, "--device", "XPU"], "not available here"),
         "bad config": ([model, "--config", "NOVALUE"], "KEY=VALUE"),
-        "unknown property": ([model, "--config", "FOO=1"], "Unsupported property FOO"),
+        "unknown property": ([model, "--config", "FOO=1"], "CPU has no property 'FOO'"),
         "bad property value": (
             [model, "--config", "INFERENCE_PRECISION_HINT=f33"],
             "Wrong value f33 for property key INFERENCE_PRECISION_HINT",

@@ -76,7 +76,7 @@ def test_a_streamer_can_stop_generation(tiny_dir: Path, store: Store) -> None:
 )
 def test_prompt_checks(prompt: list[int], pattern: str) -> None:
     from ovspec.errors import BadRequestError
-    from ovspec.runtime.generation import check_prompt_ids
+    from ovspec.runtime.decoding import check_prompt_ids
 
     with pytest.raises(BadRequestError, match=pattern):
         check_prompt_ids(prompt, vocab_tokens=10, top_tokens=8)

@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -16,7 +17,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import diskcache
 import pytest
 
 from ovspec.errors import StoreError
@@ -54,9 +54,13 @@ def put(store: Store, seed: object, data: bytes | None = None, compile_s: float 
     return outcome.path
 
 
-def raw_index(store: Store) -> diskcache.Cache:
-    """The index as another process (or a damaged disk) sees it."""
-    return diskcache.Cache(str(store.root / "index"))
+def delete_row(store: Store, hex_: str) -> bool:
+    """Delete an index row as another process (or a damaged disk) would."""
+    db = sqlite3.connect(store.root / "index" / "index.sqlite3", isolation_level=None)
+    try:
+        return db.execute("DELETE FROM entries WHERE hex = ?", (hex_,)).rowcount == 1
+    finally:
+        db.close()
 
 
 def temps(store: Store) -> list[Path]:
@@ -145,8 +149,7 @@ def test_deleted_index_row_self_heals_on_lookup(store: Store) -> None:
     key = make_key("row")
     data = payload()
     put(store, "row", data)
-    with raw_index(store) as index:
-        assert index.delete(f"entry:{key.hex}")
+    assert delete_row(store, key.hex)
     assert store.entries() == []
     entry = store.lookup(key)  # verified against the sidecar, then re-indexed
     assert entry is not None and entry.path.read_bytes() == data
@@ -156,8 +159,7 @@ def test_deleted_index_row_self_heals_on_lookup(store: Store) -> None:
 def test_deleted_index_row_is_reindexed_by_check_fix(store: Store) -> None:
     key = make_key("row2")
     put(store, "row2")
-    with raw_index(store) as index:
-        index.delete(f"entry:{key.hex}")
+    delete_row(store, key.hex)
     problems = store.check()
     assert len(problems) == 1 and "no index row (its sidecar verifies)" in problems[0]
     store.check(fix=True)
@@ -190,8 +192,7 @@ def test_sidecar_disagreeing_with_the_row_is_reported(store: Store) -> None:
 def test_lost_row_and_sidecar_payload_is_overwritten_or_quarantined(store: Store) -> None:
     key = make_key("orphan")
     path = put(store, "orphan")
-    with raw_index(store) as index:
-        index.delete(f"entry:{key.hex}")
+    delete_row(store, key.hex)
     path.with_suffix(".json").unlink()
     assert store.lookup(key) is None  # cannot be trusted without a sidecar
     problems = store.check()
@@ -200,8 +201,7 @@ def test_lost_row_and_sidecar_payload_is_overwritten_or_quarantined(store: Store
     fresh = payload()
     assert store.get_or_create(key, writer(fresh)).path.read_bytes() == fresh
     # ...and check(fix=True) quarantines one that nobody rebuilds.
-    with raw_index(store) as index:
-        index.delete(f"entry:{key.hex}")
+    delete_row(store, key.hex)
     path.with_suffix(".json").unlink()
     store.check(fix=True)
     assert not path.exists() and len(quarantined(store)) == 1
@@ -210,8 +210,7 @@ def test_lost_row_and_sidecar_payload_is_overwritten_or_quarantined(store: Store
 def test_malformed_sidecar_is_quarantined_by_fix(store: Store) -> None:
     key = make_key("junk")
     path = put(store, "junk")
-    with raw_index(store) as index:
-        index.delete(f"entry:{key.hex}")
+    delete_row(store, key.hex)
     path.with_suffix(".json").write_text("{not json")
     assert store.lookup(key) is None
     assert any("sidecar is malformed" in p for p in store.check())
@@ -436,6 +435,8 @@ def test_unwritable_store_fails_open(
     assert store.root not in outcome.path.parents
     assert store.entries() == [] and temps(store) == []
     assert not (store.root / "blobs" / key.hex[:2] / f"{key.hex}.json").exists()
+    outcome.discard()
+    assert not outcome.path.parent.exists()  # the private folder goes with the payload
     lenient.close()
 
 
@@ -463,6 +464,7 @@ def test_failure_after_the_rename_rolls_back(store: Store, monkeypatch: pytest.M
         outcome = lenient.get_or_create(make_key("late"), writer(data))
     assert not outcome.stored and outcome.path.read_bytes() == data
     assert list((store.root / "blobs").glob("*/*")) == [] and temps(store) == []
+    outcome.discard()
     lenient.close()
 
 
@@ -477,6 +479,7 @@ def test_unwritable_temp_folder_fails_open(store: Store, monkeypatch: pytest.Mon
     with pytest.warns(StoreWarning, match="cannot write"):
         outcome = lenient.get_or_create(make_key("notmp"), writer(data))
     assert not outcome.stored and outcome.path.read_bytes() == data
+    outcome.discard()
     lenient.close()
 
 
