@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kv_fakes import Writer, make_roles
 
-from ovspec.errors import MappingError
+from ovspec.errors import LadderError, MappingError
 from ovspec.ir.roles import ModelRoles
 from ovspec.ladder import Ladder
 from ovspec.runtime import vmem
@@ -116,7 +116,7 @@ def test_prefault_and_copy_work_on_numpy_buffers(
 
 
 def test_a_prefault_lead_must_be_positive() -> None:
-    with pytest.raises(Exception, match="lead must be >= 1"):
+    with pytest.raises(LadderError, match="lead must be >= 1"):
         Prefault(Ladder((256,)), lead_tokens=0)
 
 

@@ -120,12 +120,18 @@ def test_remap_fails_over_with_a_warning_where_it_cannot_run(
     qwen2_dir: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(vmem, "unsupported_reason", lambda: "it needs Linux; this is darwin")
-    with ovspec.open(
-        qwen2_dir, ladder="32,64", properties=EXACT_CPU_PROPERTIES, store=store, kv_layout="remap"
-    ) as loader:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result = decode(loader, [5, 6, 7], max_new_tokens=40)
+    with (
+        ovspec.open(
+            qwen2_dir,
+            ladder="32,64",
+            properties=EXACT_CPU_PROPERTIES,
+            store=store,
+            kv_layout="remap",
+        ) as loader,
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+        result = decode(loader, [5, 6, 7], max_new_tokens=40)
     assert result.kv_layout == "copy-and-grow"
     assert result.kv_note == (
         "the remap KV layout cannot run here (it needs Linux; this is darwin); using copy-and-grow"
