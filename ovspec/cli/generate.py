@@ -6,6 +6,7 @@ with the lazy loader and a growing KV, and reports the rungs, boundaries and eve
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 # Kept as literals so `ovspec --help` does not import openvino; a test checks they
 # match ovspec.loader.Policy and ovspec.kv.KVLayout.
 POLICY_CHOICES = ("one_ahead", "eager", "on_demand")
-KV_LAYOUT_CHOICES = ("copy-and-grow", "shared-max")
+KV_LAYOUT_CHOICES = ("copy-and-grow", "shared-max", "remap")
 
 
 @cli.command()
@@ -56,10 +57,12 @@ KV_LAYOUT_CHOICES = ("copy-and-grow", "shared-max")
 )
 @click.option(
     "--kv-layout",
-    type=click.Choice(KV_LAYOUT_CHOICES),
-    default="copy-and-grow",
+    type=click.Choice(("auto", *KV_LAYOUT_CHOICES)),
+    default="auto",
     show_default=True,
-    help="KV sized to the rung and copied at a boundary, or one top-rung buffer with views.",
+    help="KV sized to the rung and copied at a boundary, one top-rung buffer with views, or "
+    "pages moved at a boundary (no copy; Linux, page-aligned rungs). auto: remap where it "
+    "works, else copy-and-grow.",
 )
 @device_options
 @cache_dir_option
@@ -91,7 +94,7 @@ def generate(
     from ovspec.ir.model_dir import BUILTIN_PREFIX, resolve_model
     from ovspec.runtime.decoding import decode
     from ovspec.runtime.decoding import open as open_loader
-    from ovspec.runtime.kv import KVLayout
+    from ovspec.runtime.kv import KVLayoutWarning
     from ovspec.runtime.loader import Policy
     from ovspec.runtime.textcodec import TextCodec, eos_token_ids
     from ovspec.store.local import Store
@@ -109,6 +112,7 @@ def generate(
         stop_ids = frozenset() if ignore_eos else eos_token_ids(model_dir)
         store = store or Store(root)
         write = _Writer(codec.stream() if codec.can_decode else None, quiet=as_json)
+        warnings.simplefilter("ignore", KVLayoutWarning)  # the summary carries its note
         with open_loader(
             model_dir.root,
             ladder=ladder,
@@ -117,12 +121,12 @@ def generate(
             store=store,
             policy=Policy(policy),
             prefill_chunk_tokens=chunk_tokens,
+            kv_layout=None if kv_layout == "auto" else kv_layout,  # remap: ladder checked here
         ) as loader:
             result = decode(
                 loader,
                 prompt_ids,
                 max_new_tokens=max_new_tokens,
-                kv_layout=KVLayout(kv_layout),
                 stop_ids=stop_ids,
                 on_token=write.token,
             )
@@ -198,6 +202,8 @@ def _json_document(
             }
             for e in result.events
         ],
+        "kv_layout": result.kv_layout,
+        "kv_note": result.kv_note,
         "first_token_s": round(result.first_token_s, 6),
         "finished_s": round(result.finished_s, 6),
     }
@@ -215,5 +221,6 @@ def _summary(result: DecodeResult, stopped_at_eos: bool) -> str:
         f"rungs {','.join(map(str, result.rungs))}; "
         f"{boundaries} {'boundary' if boundaries == 1 else 'boundaries'} "
         f"(program wait {wait_s:.3f} s); "
-        f"first token {result.first_token_s:.3f} s (foreground compile wall); decode {rate}"
+        f"first token {result.first_token_s:.3f} s (foreground compile wall); decode {rate}; "
+        f"KV {result.kv_layout}" + (f" ({result.kv_note})" if result.kv_note else "")
     )
