@@ -204,7 +204,8 @@ class RemapKV(KVCache):
             copied_bytes=0,
             allocated_bytes=self.bytes_for(capacity_tokens),
             seconds=seconds,
-            peak_reserved_bytes=self.bytes_for(old_capacity) + self.bytes_for(capacity_tokens),
+            # The grown-out-of range is empty address space from here on: not reserved.
+            peak_reserved_bytes=self.bytes_for(capacity_tokens),
             moved_bytes=moved,
             peak_physical_bytes=vmem.resident_bytes([old.span, new.span]),
         )
