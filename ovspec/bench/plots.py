@@ -142,7 +142,12 @@ def kv_over_tokens(runs: Mapping[str, Mapping[str, Any]], path: Path, title: str
     return path
 
 
-def kv_over_time(runs: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> Path:
+def kv_over_time(
+    runs: Mapping[str, Mapping[str, Any]],
+    path: Path,
+    title: str,
+    x_label: str = "seconds since start",
+) -> Path:
     """Two panels against seconds: the KV each protocol reserves (virtual: what a
     device would have to allocate) and what it has committed (physical, measured)."""
     fig, (virtual, physical) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
@@ -187,7 +192,7 @@ def kv_over_time(runs: Mapping[str, Mapping[str, Any]], path: Path, title: str) 
         )
     virtual.set_ylabel("virtual (reserved) KV, MiB")
     physical.set_ylabel("physical (committed) KV, MiB")
-    physical.set_xlabel("seconds since start")
+    physical.set_xlabel(x_label)
     for ax in (virtual, physical):
         ax.grid(alpha=0.3)
     virtual.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))

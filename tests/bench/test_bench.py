@@ -165,12 +165,9 @@ def test_cli_help_and_bad_input(tmp_path: Path) -> None:
         (["--protocols", "B0,I9"], "--protocols takes a list of B0, B1, I1, I2, I3"),
         (["--prompt-tokens", "8", "--new-tokens", "20"], "the remap KV layout cannot map rung 32"),
     ):
-        refused = runner.invoke(
-            cli,
-            ["bench", str(Path(__file__).parents[1] / "data" / "qwen2"), "--ladder", "32,64"]
-            + extra
-            + ["--out-dir", str(tmp_path)],
-        )
+        model = str(Path(__file__).parents[1] / "data" / "qwen2")
+        args = ["bench", model, "--ladder", "32,64", *extra, "--out-dir", str(tmp_path)]
+        refused = runner.invoke(cli, args)
         assert refused.exit_code == 2, refused.output
         assert refused.stderr.count("\n") == 1 and message in refused.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
