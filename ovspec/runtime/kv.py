@@ -245,7 +245,7 @@ class CopyAndGrowKV(KVCache):
             allocated_bytes=new.nbytes,
             seconds=seconds,
             peak_reserved_bytes=old.nbytes + new.nbytes,
-            peak_physical_bytes=vmem.resident_bytes(old.spans() + new.spans()),
+            peak_physical_bytes=self._peak(old.spans() + new.spans()),
         )
         self._buffers = new
         self._tensors = self._make_tensors()
@@ -313,7 +313,7 @@ class SharedMaxKV(KVCache):
             allocated_bytes=0,
             seconds=0.0,
             peak_reserved_bytes=self.reserved_bytes,
-            peak_physical_bytes=self.physical_bytes(),
+            peak_physical_bytes=self._peak(self.spans()),
         )
         self.capacity_tokens = capacity_tokens
         return migration
@@ -368,5 +368,5 @@ def make_kv(
     if layout is KVLayout.SHARED_MAX:
         return SharedMaxKV(roles, capacity_tokens, max_capacity_tokens)
     if layout is KVLayout.REMAP:
-        return RemapKV(roles, capacity_tokens)
+        return RemapKV(roles, capacity_tokens, max_capacity_tokens)
     return CopyAndGrowKV(roles, capacity_tokens, prefault)

@@ -45,9 +45,15 @@ def seq_slice(role: KVRole, start: int, stop: int) -> tuple[slice, ...]:
     return tuple(index)
 
 
+_DTYPES: dict[str, np.dtype[np.generic]] = {}
+
+
 def np_dtype(role: KVRole) -> np.dtype[np.generic]:
-    dtype: np.dtype[np.generic] = np.dtype(role.element_type.to_dtype())
-    return dtype
+    # Memoized: ov.Type.to_dtype() costs microseconds, and a boundary asks once per tensor.
+    name = role.element_type.get_type_name()
+    if name not in _DTYPES:
+        _DTYPES[name] = np.dtype(role.element_type.to_dtype())
+    return _DTYPES[name]
 
 
 class KVCache(ABC):
@@ -61,6 +67,10 @@ class KVCache(ABC):
         self.roles = roles
         self.capacity_tokens = capacity_tokens
         self.live_tokens = 0
+        self._kv_bytes_per_token = roles.kv_bytes_per_token
+        # Measure each boundary's physical peak (pagemap: ~50 ns a committed page, after
+        # the timed part of grow but inside the call). Off unless a trace asks for it.
+        self.measure_physical = False
 
     @abstractmethod
     def tensors(self) -> dict[str, ov.Tensor]:
@@ -87,11 +97,14 @@ class KVCache(ABC):
         """Bytes of those buffers the process has committed (pagemap), None if unknown."""
         return vmem.resident_bytes(self.spans())
 
+    def _peak(self, spans: list[tuple[int, int]]) -> int | None:
+        return vmem.resident_bytes(spans) if self.measure_physical else None
+
     def close(self) -> None:  # noqa: B027 - optional hook: most layouts own numpy arrays only
         """Release what the cache holds; every request bound to its tensors must be gone."""
 
     def bytes_for(self, capacity_tokens: int) -> int:
-        return self.roles.kv_bytes_per_token * capacity_tokens
+        return self._kv_bytes_per_token * capacity_tokens
 
     def write(self, present: Mapping[str, np.ndarray], count_tokens: int) -> None:
         """Append the first ``count_tokens`` new tokens of each present output, in place."""
@@ -131,6 +144,7 @@ class KVTrace:
     """Samples of one sequence's KV memory, taken after the prefill and each step."""
 
     def __init__(self, kv: KVCache, origin_s: float, measure_physical: bool) -> None:
+        kv.measure_physical = measure_physical  # boundary peaks too
         self._kv = kv
         self._origin_s = origin_s
         self._measure = measure_physical

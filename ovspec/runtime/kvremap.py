@@ -102,45 +102,50 @@ def check_ladder(roles: ModelRoles, ladder: Ladder, page_bytes: int = vmem.PAGE_
 
 
 class RemapKV(KVCache):
-    """Dense past tensors in one mapping per rung; growth moves pages, copies nothing.
+    """Dense past tensors that grow in place; growth moves pages, copies nothing.
 
-    ``reserved_bytes`` is the current rung's dense range (address space, as the other
-    layouts count it); ``committed_bytes`` is what the written tokens occupy in whole
-    pages, and ``physical_bytes()`` reads it back from the kernel. A grown-out-of range
-    stays mapped, empty, until ``close``: a request still bound to it reads zeros, never
-    memory some later mapping reused.
+    Each past tensor owns one mapping sized for the top rung (address space only: a
+    page is committed by its first write). The rung-C tensor ``[1, H, C, D]`` is the
+    mapping's first ``H*C*D`` elements. Growing to C' moves head block h (h = H-1 down
+    to 1) from offset ``h*C`` to ``h*C'`` with ``mremap``; block 0 stays where it is,
+    and the slots a move vacates read as zeros (the new rung's empty capacity).
+
+    ``reserved_bytes`` is the current rung's dense range, as the other layouts count it;
+    ``committed_bytes`` is what the written tokens occupy in whole pages, and
+    ``physical_bytes()`` reads it back from the kernel. Arrays and tensors of a rung
+    stay mapped after a growth (a request still bound to one reads the new layout's
+    bytes, never memory some other mapping reused) and go with ``close``.
     """
 
-    def __init__(self, roles: ModelRoles, capacity_tokens: int) -> None:
+    def __init__(self, roles: ModelRoles, capacity_tokens: int, max_capacity_tokens: int) -> None:
         reason = vmem.unsupported_reason()
         if reason is not None:
             raise RemapUnsupportedError(
                 f"the remap KV layout cannot run here: {reason}; use copy-and-grow"
             )
+        if capacity_tokens > max_capacity_tokens:
+            raise LadderError(
+                f"capacity {capacity_tokens} exceeds the remap maximum {max_capacity_tokens}"
+            )
         check_ladder(roles, Ladder((capacity_tokens,)))
         super().__init__(roles, capacity_tokens)
+        self.max_capacity_tokens = max_capacity_tokens
         self._shapes = [BlockShape.of(role) for role in roles.kv]
-        self._retired: list[vmem.Region] = []
-        self._region = vmem.Region(self._layout_bytes(capacity_tokens)[-1])
+        self._quantum = quantum_tokens(roles)
+        self._dtypes = [np_dtype(role) for role in roles.kv]
+        self._regions = [
+            vmem.Region(shape.blocks * max_capacity_tokens * shape.token_bytes)
+            for shape in self._shapes
+        ]
+        self._scratch: vmem.Region | None = None  # for moves whose ranges overlap
         self._arrays: dict[str, np.ndarray] = {}
         self._tensors: dict[str, ov.Tensor] = {}
         self._bind()
 
-    def _layout_bytes(self, capacity_tokens: int) -> list[int]:
-        """Offsets of each tensor in a rung's mapping, then the mapping's size."""
-        offsets = [0]
-        for shape in self._shapes:
-            size = shape.blocks * capacity_tokens * shape.token_bytes
-            offsets.append(offsets[-1] + vmem.round_up_to_pages(size))
-        return offsets
-
     def _bind(self) -> None:
-        offsets = self._layout_bytes(self.capacity_tokens)
         self._arrays = {
-            role.past_input: self._region.array(
-                offset, role.shape(1, self.capacity_tokens), np_dtype(role)
-            )
-            for role, offset in zip(self.roles.kv, offsets, strict=False)
+            role.past_input: region.array(0, role.shape(1, self.capacity_tokens), dtype)
+            for role, region, dtype in zip(self.roles.kv, self._regions, self._dtypes, strict=True)
         }
         self._tensors = {}
 
@@ -169,31 +174,27 @@ class RemapKV(KVCache):
         return vmem.round_up_to_pages(live_tokens * shape.token_bytes)
 
     def spans(self) -> list[tuple[int, int]]:
-        return [self._region.span]
+        """The current rung's range of each mapping (nothing beyond it is ever written)."""
+        return [
+            (
+                region.addr,
+                vmem.round_up_to_pages(shape.blocks * self.capacity_tokens * shape.token_bytes),
+            )
+            for region, shape in zip(self._regions, self._shapes, strict=True)
+        ]
 
     def grow(self, capacity_tokens: int) -> Migration:
         self._check_growth(capacity_tokens)
-        check_ladder(self.roles, Ladder((capacity_tokens,)))
+        if capacity_tokens > self.max_capacity_tokens:
+            raise LadderError(
+                f"capacity {capacity_tokens} exceeds the remap maximum {self.max_capacity_tokens}"
+            )
+        if capacity_tokens % self._quantum:
+            check_ladder(self.roles, Ladder((capacity_tokens,)))  # raises, naming the fix
         old_capacity, live = self.capacity_tokens, self.live_tokens
         began = time.perf_counter()
-        old = self._region
-        new = vmem.Region(self._layout_bytes(capacity_tokens)[-1])
-        moves = []
-        old_offsets = self._layout_bytes(old_capacity)
-        new_offsets = self._layout_bytes(capacity_tokens)
-        for shape, old_at, new_at in zip(self._shapes, old_offsets, new_offsets, strict=False):
-            size = self._live_block_bytes(shape, live)
-            for block in range(shape.blocks):
-                moves.append(
-                    vmem.PageMove(
-                        src=old.addr + old_at + block * old_capacity * shape.token_bytes,
-                        dst=new.addr + new_at + block * capacity_tokens * shape.token_bytes,
-                        size_bytes=size,
-                    )
-                )
-        moved = vmem.move_pages(moves)  # all or none; on a refusal `new` is dropped
-        self._region = new
-        self._retired.append(old)
+        moves, moved = self._moves(old_capacity, capacity_tokens, live)
+        vmem.move_pages(moves)  # all or none
         self.capacity_tokens = capacity_tokens
         self._bind()
         seconds = time.perf_counter() - began
@@ -202,15 +203,45 @@ class RemapKV(KVCache):
             to_capacity_tokens=capacity_tokens,
             live_tokens=live,
             copied_bytes=0,
-            allocated_bytes=self.bytes_for(capacity_tokens),
+            allocated_bytes=self.bytes_for(capacity_tokens - old_capacity),
             seconds=seconds,
-            # The grown-out-of range is empty address space from here on: not reserved.
-            peak_reserved_bytes=self.bytes_for(capacity_tokens),
+            peak_reserved_bytes=self.bytes_for(capacity_tokens),  # one range, grown in place
             moved_bytes=moved,
-            peak_physical_bytes=vmem.resident_bytes([old.span, new.span]),
+            peak_physical_bytes=self._peak(self.spans()),
         )
 
+    def _moves(
+        self, old_capacity: int, capacity_tokens: int, live: int
+    ) -> tuple[list[vmem.PageMove], int]:
+        """The page moves of a growth and the bytes of the blocks they move. Highest block
+        first, so no move lands on a block still to move. A block whose new range overlaps
+        its old one (fine ladders: h*(C'-C) < its live bytes) goes through a scratch
+        range: mremap refuses overlapping ranges."""
+        moves: list[vmem.PageMove] = []
+        moved = 0
+        for region, shape in zip(self._regions, self._shapes, strict=True):
+            size = self._live_block_bytes(shape, live)
+            if not size:
+                continue
+            for block in range(shape.blocks - 1, 0, -1):
+                moved += size
+                src = region.addr + block * old_capacity * shape.token_bytes
+                dst = region.addr + block * capacity_tokens * shape.token_bytes
+                if dst >= src + size:
+                    moves.append(vmem.PageMove(src, dst, size))
+                    continue
+                scratch = self._scratch_for(size)
+                moves.append(vmem.PageMove(src, scratch, size))
+                moves.append(vmem.PageMove(scratch, dst, size))
+        return moves, moved
+
+    def _scratch_for(self, size: int) -> int:
+        if self._scratch is None or self._scratch.size_bytes < size:
+            block = max(self.max_capacity_tokens * s.token_bytes for s in self._shapes)
+            self._scratch = vmem.Region(block)
+        return self._scratch.addr
+
     def close(self) -> None:
-        # Dropping the references unmaps each range as soon as no view holds it.
+        # Dropping the references unmaps each mapping as soon as no view holds it.
         self._arrays, self._tensors = {}, {}
-        self._retired = []
+        self._regions, self._scratch = [], None

@@ -22,7 +22,7 @@ import sys
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -176,7 +176,7 @@ def round_up_to_pages(size_bytes: int) -> int:
 class Region:
     """One anonymous private mapping [addr, addr + size_bytes), unmapped when the last
     holder goes: the region itself, or any numpy view made by ``array`` (a view keeps
-    its region alive, so no Python view can outlive its memory).
+    the mapping alive, so no Python view can outlive its memory).
 
     Huge pages are off (``MADV_NOHUGEPAGE``): one would commit 2 MiB on its first write
     on a THP-``always`` system, and moving a block smaller than one would split it.
@@ -186,8 +186,11 @@ class Region:
         libc = _libc()
         self.size_bytes = round_up_to_pages(max(size_bytes, 1))
         self.addr = libc.map(self.size_bytes)
-        self._finalizer = weakref.finalize(self, _unmap_quietly, libc, self.addr, self.size_bytes)
+        self._owner = _Owner(libc, self.addr, self.size_bytes)
         libc.advise(self.addr, self.size_bytes, _MADV_NOHUGEPAGE)
+        # One base array over the whole mapping; a view of it costs less than a fresh
+        # array interface (a boundary makes one per past tensor).
+        self._bytes: np.ndarray = np.asarray(_View(self._owner))
 
     def array(self, offset_bytes: int, shape: Sequence[int], dtype: np.dtype[Any]) -> np.ndarray:
         """A dense writable C-order view of ``shape`` at ``offset_bytes`` into the region."""
@@ -196,7 +199,8 @@ class Region:
             raise ValueError(
                 f"a {nbytes}-byte view at {offset_bytes} exceeds the {self.size_bytes}-byte region"
             )
-        return np.asarray(_View(self, self.addr + offset_bytes, tuple(shape), dtype))
+        view: np.ndarray = np.ndarray(tuple(shape), dtype, buffer=self._bytes, offset=offset_bytes)
+        return view
 
     @property
     def span(self) -> tuple[int, int]:
@@ -204,7 +208,16 @@ class Region:
 
     def release(self) -> None:
         """Unmap now. Only for a region no view or infer request points into any more."""
-        self._finalizer()
+        self._owner.finalizer()
+
+
+class _Owner:
+    """Owns the mapping: unmaps it when collected. Held by the region and by every
+    array's base, never the other way round, so refcounting frees it promptly."""
+
+    def __init__(self, libc: _Libc, addr: int, size_bytes: int) -> None:
+        self.addr, self.size_bytes = addr, size_bytes
+        self.finalizer = weakref.finalize(self, _unmap_quietly, libc, addr, size_bytes)
 
 
 def _unmap_quietly(libc: _Libc, addr: int, size_bytes: int) -> None:
@@ -214,21 +227,20 @@ def _unmap_quietly(libc: _Libc, addr: int, size_bytes: int) -> None:
 
 
 class _View:
-    """Hands numpy an address through ``__array_interface__`` and keeps the region alive
-    for as long as any array made from it (numpy holds this object as the array's base)."""
+    """Hands numpy the mapping through ``__array_interface__``; numpy keeps this object
+    as the array's base, so every view of the array keeps the mapping alive."""
 
-    def __init__(self, region: Region, addr: int, shape: tuple[int, ...], dtype: np.dtype[Any]):
-        self.region = region
+    def __init__(self, owner: _Owner) -> None:
+        self.owner = owner
         self.__array_interface__ = {
-            "shape": shape,
-            "typestr": dtype.str,
-            "data": (addr, False),
+            "shape": (owner.size_bytes,),
+            "typestr": "|u1",
+            "data": (owner.addr, False),
             "version": 3,
         }
 
 
-@dataclass(frozen=True)
-class PageMove:
+class PageMove(NamedTuple):
     """Pages [src, src + size_bytes) go to dst (all page-aligned)."""
 
     src: int

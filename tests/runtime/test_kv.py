@@ -29,6 +29,7 @@ def test_copy_and_grow_copies_the_live_prefix_and_commits_what_it_writes(
     roles: ModelRoles,
 ) -> None:
     cache = CopyAndGrowKV(roles, 256)
+    cache.measure_physical = True
     writer = Writer(roles, 1024)
     writer.fill_to_capacity(cache)
     assert cache.physical_bytes() == LIVE_256
@@ -45,6 +46,7 @@ def test_copy_and_grow_copies_the_live_prefix_and_commits_what_it_writes(
 def test_a_prefault_commits_the_copy_target_only(roles: ModelRoles, use_memset: bool) -> None:
     ladder = Ladder((256, 512))
     cache = CopyAndGrowKV(roles, 256, Prefault(ladder, lead_tokens=8, use_memset=use_memset))
+    cache.measure_physical = True
     writer = Writer(roles, 512)
     writer.write(cache, 247)
     assert cache.reserved_bytes == 256 * roles.kv_bytes_per_token and not cache.prefaults
