@@ -62,8 +62,9 @@ class BoundarySample:
     copy_seconds: float  # Migration.seconds: allocate/wait + copy, or the page moves
     copied_bytes: int
     moved_bytes: int
-    peak_physical_bytes: int | None
+    peak_physical_bytes: int | None  # only in the one untimed sample that measures it
     prefault_seconds: float  # on the pre-fault thread, before the boundary
+    timed: bool = True  # False: the sample that read pagemap inside grow()
 
 
 def _fill(kv: KVCache, tokens: int, pattern: np.ndarray) -> None:
@@ -75,10 +76,11 @@ def _fill(kv: KVCache, tokens: int, pattern: np.ndarray) -> None:
 
 
 def _grow_sample(
-    arm: str, roles: ModelRoles, low: int, high: int, pattern: np.ndarray
+    arm: str, roles: ModelRoles, low: int, high: int, pattern: np.ndarray, measure: bool = False
 ) -> BoundarySample:
     layout = KVLayout.REMAP if arm == REMAP else KVLayout.COPY_AND_GROW
     kv = make_kv(layout, roles, low, high)
+    kv.measure_physical = measure
     try:
         _fill(kv, low, pattern)
         prefault_s = 0.0
@@ -103,6 +105,7 @@ def _grow_sample(
         migration.moved_bytes,
         migration.peak_physical_bytes,
         prefault_s,
+        timed=not measure,
     )
 
 
@@ -132,6 +135,8 @@ def run_boundaries(
         source = np.random.default_rng(low).integers(
             0, 255, roles.kv_bytes_per_token * low, np.uint8
         )
+        for arm in GROW_ARMS:  # the physical peak, from one untimed sample each
+            samples.append(_grow_sample(arm, roles, low, high, pattern, measure=True))
         for rep in range(repetitions):
             order = arms[rep % len(arms) :] + arms[: rep % len(arms)]
             for arm in order:
@@ -272,6 +277,7 @@ def run_decode(config: DecodeConfig, say: Callable[[str], None] = print) -> Deco
                 )
                 kvs[arm] = make_kv(layout, roles, first, top, prefault)
                 programs, arm_ladder = loader, ladder
+            kvs[arm].measure_physical = True  # boundary peaks too
             sessions[arm] = DecodeSession(
                 roles, arm_ladder, kvs[arm], programs, config.prefill_chunk_tokens
             )
@@ -411,13 +417,14 @@ def summarize_boundaries(samples: Sequence[BoundarySample]) -> list[dict[str, An
     keys = sorted({(s.from_tokens, s.to_tokens) for s in samples})
     for low, high in keys:
         for arm in (*GROW_ARMS, MEMCPY):
-            mine = [s for s in samples if (s.from_tokens, s.to_tokens, s.arm) == (low, high, arm)]
+            every = [s for s in samples if (s.from_tokens, s.to_tokens, s.arm) == (low, high, arm)]
+            mine = [s for s in every if s.timed]
             if not mine:
                 continue
             seconds = [s.seconds for s in mine]
             copy_s = float(np.median([s.copy_seconds for s in mine]))
             copied = mine[0].copied_bytes
-            peaks = [s.peak_physical_bytes for s in mine if s.peak_physical_bytes is not None]
+            peaks = [s.peak_physical_bytes for s in every if s.peak_physical_bytes is not None]
             rows.append(
                 {
                     "from": low,
