@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from ovspec.errors import BadRequestError, TrialError
 from ovspec.ir.roles import ModelRoles
+from ovspec.ir.specialize import prefill_specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime import vmem
 from ovspec.runtime.kv import CopyAndGrowKV, KVCache, KVLayout, Prefault, choose_layout, make_kv
@@ -240,7 +242,9 @@ def run_decode(config: DecodeConfig, say: Callable[[str], None] = print) -> Deco
             ladder=ladder,
             properties=config.properties,
             store=config.store,
-            policy="eager",
+            # One ahead, passed rungs released below: a compiled model holds its own
+            # weights, and every rung at once (eager) ran a 0.5B model out of memory.
+            policy="one_ahead",
             prefill_chunk_tokens=config.prefill_chunk_tokens,
         ) as loader,
         runtime.open(
@@ -291,16 +295,25 @@ def run_decode(config: DecodeConfig, say: Callable[[str], None] = print) -> Deco
         boundary_live = {c + d for c in list(ladder)[:-1] for d in (-1, 0, 1, 2)}
         try:
             logits = {a: sessions[a].prefill(prompt) for a in config.arms}
+            loader.release(prefill_specialization(first, config.prefill_chunk_tokens))
+            direct_loader.release(prefill_specialization(top, config.prefill_chunk_tokens))
             for arm in config.arms:
                 _sample(traces[arm], kvs[arm])
+            on_ladder = [a for a in config.arms if a != DIRECT]
+            passed = [c for c in ladder if c < first]
             orders = williams_orders(list(config.arms), len(forced), config.seed)
             say(f"decoding {len(forced)} tokens x {len(config.arms)} arms in lockstep")
             for index, token in enumerate(forced):
                 for arm in orders[index]:
                     _timed_step(traces[arm], sessions[arm], kvs[arm], token, logits)
                 _agree(agreement, logits, kvs[COPY].live_tokens in boundary_live)
+                lowest = min(kvs[a].capacity_tokens for a in on_ladder)
+                for rung in (c for c in ladder if c < lowest and c not in passed):
+                    loader.release(rung)  # every ladder arm has left it
+                    passed.append(rung)
                 if (index + 1) % 256 == 0:
-                    say(f"  {index + 1}/{len(forced)} tokens")
+                    rss = psutil.Process().memory_info().rss
+                    say(f"  {index + 1}/{len(forced)} tokens; RSS {rss / 2**30:.1f} GiB")
         finally:
             for arm in config.arms:
                 sessions[arm].close()
