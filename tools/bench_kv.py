@@ -69,9 +69,10 @@ DEFAULT_OUT = Path("docs/benchmarks/kv.md")
 @click.option(
     "--ladder",
     "ladder_text",
-    default="64,128,256,512,1024",
+    default="64,128,256,512,640,768,896,1024",
     show_default=True,
-    help="The decode run's ladder (page-aligned for remap); the direct graph is its top.",
+    help="The decode run's ladder (page-aligned for remap); the direct graph is its top. "
+    "Fine steps at the top show copy-and-grow's old + new buffers above the direct graph's.",
 )
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--prefault-lead", type=click.IntRange(min=1), default=16, show_default=True)

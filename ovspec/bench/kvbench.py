@@ -161,30 +161,38 @@ class ArmTrace:
     clock_s: float = 0.0
     samples: list[tuple[float, int, int, int | None]] = field(default_factory=list)
     durations: list[float] = field(default_factory=list)  # per decode step, boundary included
+    step_seconds: list[float] = field(default_factory=list)  # the same, boundary excluded
     step_live: list[int] = field(default_factory=list)
     step_infer_s: list[float] = field(default_factory=list)
     boundaries: list[dict[str, Any]] = field(default_factory=list)
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self, clock: Sequence[float]) -> dict[str, Any]:
+        """Token- and time-weighted KV. Time uses the run's common clock (the median
+        step of all arms at each token, boundaries excluded), so arms differ by what they
+        hold, not by their step-time noise; each boundary adds its own interval (the
+        migration's seconds) holding its peak, which is where copy-and-grow holds the old
+        and new buffers at once."""
         physical = [s[3] for s in self.samples[1:]]
         reserved = [s[2] for s in self.samples[1:]]
-        weights = self.durations
+        spans = [b["migration_s"] for b in self.boundaries]
+        weights = [*clock, *spans]
         known = [p for p in physical if p is not None]
+        peak_reserved = [b["peak_reserved_bytes"] for b in self.boundaries]
         out: dict[str, Any] = {
             "reserved_token_weighted_bytes": float(np.mean(reserved)),
-            "reserved_time_weighted_bytes": float(np.average(reserved, weights=weights)),
-            "reserved_peak_bytes": max(
-                [s[2] for s in self.samples] + [b["peak_reserved_bytes"] for b in self.boundaries]
+            "reserved_time_weighted_bytes": float(
+                np.average([*reserved, *peak_reserved], weights=weights)
             ),
+            "reserved_peak_bytes": max([s[2] for s in self.samples] + peak_reserved),
         }
-        if len(known) == len(physical):
-            peaks = [b["peak_physical_bytes"] for b in self.boundaries]
+        peaks = [b["peak_physical_bytes"] for b in self.boundaries]
+        if len(known) == len(physical) and None not in peaks:
             out |= {
                 "physical_token_weighted_bytes": float(np.mean(known)),
-                "physical_time_weighted_bytes": float(np.average(known, weights=weights)),
-                "physical_peak_bytes": max(
-                    [int(s[3] or 0) for s in self.samples] + [int(p or 0) for p in peaks]
+                "physical_time_weighted_bytes": float(
+                    np.average([*known, *peaks], weights=weights)
                 ),
+                "physical_peak_bytes": max([int(s[3] or 0) for s in self.samples] + peaks),
             }
         return out
 
@@ -218,6 +226,7 @@ class DecodeConfig:
 class DecodeRun:
     config: DecodeConfig
     traces: dict[str, ArmTrace]
+    clock: list[float]  # per token: the median step of the arms, boundaries excluded
     agreement: dict[str, dict[str, Any]]  # arm -> vs copy-and-grow, every step and boundaries
     kv_bytes_per_token: int
     weights_bytes: int
@@ -319,9 +328,13 @@ def run_decode(config: DecodeConfig, say: Callable[[str], None] = print) -> Deco
                 sessions[arm].close()
                 kvs[arm].close()
         weights_bytes = loader.compiler.model_dir.bin_path.stat().st_size
+    clock = [
+        float(np.median([t.step_seconds[i] for t in traces.values()])) for i in range(len(forced))
+    ]
     return DecodeRun(
         config,
         traces,
+        clock,
         agreement,
         roles.kv_bytes_per_token,
         weights_bytes,
@@ -340,6 +353,7 @@ def _timed_step(
     began = time.perf_counter()
     logits[trace.arm] = session.step(token)
     duration = time.perf_counter() - began
+    boundary_s = 0.0
     if len(session.boundaries) > crossings:
         b = session.boundaries[-1]
         m = b.migration
@@ -358,8 +372,10 @@ def _timed_step(
                 "program_wait_s": b.program_wait_s,
             }
         )
+        boundary_s = m.seconds
     trace.clock_s += duration
     trace.durations.append(duration)
+    trace.step_seconds.append(duration - boundary_s)
     step = session.steps[-1]
     trace.step_live.append(step.live_tokens)
     trace.step_infer_s.append(step.infer_s)

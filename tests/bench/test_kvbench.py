@@ -77,7 +77,7 @@ def test_lockstep_decode_and_the_page(tiny_dir: Path, tmp_path: Path) -> None:
     assert [b["copied_bytes"] for b in remap.boundaries] == [0, 0]
     assert [b["at_live_tokens"] for b in copy.boundaries] == [64, 128]
     assert all(b["peak_physical_bytes"] == 2 * b["copied_bytes"] for b in copy.boundaries)
-    figures = remap.figures()
+    figures = remap.figures(run.clock)
     assert figures["physical_peak_bytes"] <= figures["reserved_peak_bytes"]
     assert len(remap.samples) == 241 and len(remap.durations) == 240
     assert [r.band for r in compare_bands(run, REMAP)] == ["0-64", "64-128", "128-256"]
