@@ -23,7 +23,7 @@ class Migration:
     """One boundary crossing of the KV memory.
 
     ``seconds`` is the growth itself (allocate, wait for a pre-fault still running,
-    copy or move); binding the new rung's tensors is timed by the session. The
+    copy and free, or move); binding the new rung's tensors is timed by the session. The
     physical peak is measured (pagemap) after the timed part, with old and new
     buffers both still held: None where it cannot be measured.
     """
