@@ -61,7 +61,7 @@ class BoundarySample:
     to_tokens: int
     live_bytes: int
     seconds: float  # the whole grow() call (memcpy: the copy)
-    copy_seconds: float  # Migration.seconds: allocate/wait + copy, or the page moves
+    copy_seconds: float  # Migration.copy_seconds: allocate/wait + copy (not the free)
     copied_bytes: int
     moved_bytes: int
     peak_physical_bytes: int | None  # only in the one untimed sample that measures it
@@ -102,7 +102,7 @@ def _grow_sample(
         high,
         roles.kv_bytes_per_token * low,
         seconds,
-        migration.seconds,
+        migration.copy_seconds or migration.seconds,
         migration.copied_bytes,
         migration.moved_bytes,
         migration.peak_physical_bytes,

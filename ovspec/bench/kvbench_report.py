@@ -309,7 +309,7 @@ def render_page(
         "of the old rung is written first, as at a real boundary. Each arm runs "
         f"{repetitions} times per boundary, the arms in rotated order. *grow* is the whole "
         "`grow()` call (allocate, copy or move, free); *copy GB/s* is the bytes copied over "
-        "`Migration.seconds` (allocation or waiting for the pre-fault, plus the copy). The "
+        "the allocation (or the wait for the pre-fault) plus the copy, without the free. The "
         "pre-fault arm's thread finished before the boundary (as with an ample lead); its "
         "time is shown apart. *memcpy*: a flat copy of the same bytes into committed pages.",
         "",

@@ -256,6 +256,7 @@ class CopyAndGrowKV(KVCache):
             seconds=seconds,
             peak_reserved_bytes=old_bytes + new.nbytes,
             peak_physical_bytes=peak,
+            copy_seconds=copy_s,
         )
         self.capacity_tokens = capacity_tokens
         return migration

@@ -37,6 +37,7 @@ class Migration:
     peak_reserved_bytes: int  # virtual: old + new buffers while both exist
     moved_bytes: int = 0  # pages that changed address (remap): no byte copied
     peak_physical_bytes: int | None = None
+    copy_seconds: float = 0.0  # of ``seconds``: allocate or wait, then copy (not the free)
 
 
 def seq_slice(role: KVRole, start: int, stop: int) -> tuple[slice, ...]:
