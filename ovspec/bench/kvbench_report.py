@@ -303,6 +303,20 @@ def render_page(
         f"- load average (1/5/15 min) at the start {loads[0]}, at the end {loads[1]}; "
         f"wall {wall_s / 60:.1f} min",
         "",
+        "## Reading this page",
+        "",
+        "- On a CPU every layout's KV is committed lazily: ovspec's buffers are anonymous "
+        "mappings, so a page costs memory only once written, and the attention's reads of "
+        "empty slots map the kernel's zero page. The direct graph's and copy-and-grow's "
+        "*physical* KV therefore follow the tokens too; their *reserved* columns are what a "
+        "device allocation would commit. What remap changes on a CPU is the boundary: nothing "
+        "is copied, and old and new buffers never coexist (the physical peak).",
+        "- Part 1 repeats each boundary and reports medians; the decode run (part 2) has one "
+        "sample per boundary, taken while OpenVINO's threads share the process, so its "
+        "boundary times show preemption and TLB-shootdown outliers that the medians hide.",
+        "- Timings depend on the machine's load (given above); the lead reruns final figures "
+        "on a quiet machine with the command at the top.",
+        "",
         "## 1. One boundary: bytes copied and time",
         "",
         f"A cache shaped like the model's KV grows across ladder {boundary_ladder}; every slot "

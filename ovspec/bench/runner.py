@@ -128,11 +128,15 @@ def make_tokens(config: BenchConfig) -> tuple[list[int], list[int]]:
 def check_layouts(config: BenchConfig) -> None:
     """Refuse, before any run, a ladder the remap protocol (I3) cannot map."""
     from ovspec.ir.specialize import prepare, read_ir
-    from ovspec.runtime.kv import KVLayout, choose_layout
+    from ovspec.runtime import vmem
+    from ovspec.runtime.kv import KVLayout
+    from ovspec.runtime.kvremap import check_ladder
 
-    if any(SETUPS[p].kv_layout is KVLayout.REMAP for p in config.protocols):
+    remap = [p for p in config.protocols if SETUPS[p].kv_layout is KVLayout.REMAP]
+    if remap and vmem.unsupported_reason() is None:  # elsewhere they fail over, and say so
         roles = prepare(read_ir(config.model.xml_path)).roles
-        choose_layout(KVLayout.REMAP, roles, config.ladder)
+        others = ",".join(p.value for p in config.protocols if p not in remap)
+        check_ladder(roles, config.ladder, otherwise=f"--protocols {others}")
 
 
 def run_bench(

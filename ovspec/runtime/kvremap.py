@@ -80,9 +80,15 @@ def aligned_ladder(ladder: Ladder, quantum: int) -> Ladder:
     return Ladder(tuple(caps))
 
 
-def check_ladder(roles: ModelRoles, ladder: Ladder, page_bytes: int = vmem.PAGE_BYTES) -> None:
-    """Raise ``LadderError`` (one line: which rungs, why, what to use) unless every rung
-    of ``ladder`` can be mapped by the remap layout."""
+def check_ladder(
+    roles: ModelRoles,
+    ladder: Ladder,
+    page_bytes: int = vmem.PAGE_BYTES,
+    otherwise: str = "--kv-layout copy-and-grow",
+) -> None:
+    """Raise ``LadderError`` (one line: which rungs, why, what to use, ``otherwise`` the
+    way out without remap) unless every rung of ``ladder`` can be mapped by the remap
+    layout."""
     bad = misaligned_rungs(roles, ladder, page_bytes)
     if not bad:
         return
@@ -97,7 +103,7 @@ def check_ladder(roles: ModelRoles, ladder: Ladder, page_bytes: int = vmem.PAGE_
         f"{', '.join(map(str, bad))}: a KV head block (capacity x {token_bytes} bytes) must "
         f"be whole {page_bytes}-byte pages, so capacities must be multiples of {quantum} "
         f"tokens (nearest: {nearest}); use --ladder {aligned_ladder(ladder, quantum)} or "
-        "--kv-layout copy-and-grow"
+        f"{otherwise}"
     )
 
 

@@ -163,7 +163,8 @@ def test_cli_help_and_bad_input(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1 and "exceed the top rung" in result.stderr
     for extra, message in (
         (["--protocols", "B0,I9"], "--protocols takes a list of B0, B1, I1, I2, I3"),
-        (["--prompt-tokens", "8", "--new-tokens", "20"], "the remap KV layout cannot map rung 32"),
+        (["--prompt-tokens", "8", "--new-tokens", "20"], "cannot map rung 32"),
+        (["--prompt-tokens", "8", "--new-tokens", "20"], "or --protocols B0,B1,I1,I2"),
     ):
         model = str(Path(__file__).parents[1] / "data" / "qwen2")
         args = ["bench", model, "--ladder", "32,64", *extra, "--out-dir", str(tmp_path)]
