@@ -26,9 +26,9 @@ from ovspec.bench.build_records import DEFAULT_MODELS_DIR
 from ovspec.bench.kvbench import DECODE_ARMS, DecodeConfig, run_boundaries, run_decode
 from ovspec.bench.kvbench_report import (
     environment,
-    json_safe,
     load_average,
-    render_page,
+    render,
+    results_document,
     write_plot,
 )
 from ovspec.cli.options import chunk_option, device_options
@@ -90,7 +90,12 @@ DEFAULT_OUT = Path("docs/benchmarks/kv.md")
     type=click.Path(dir_okay=False, path_type=Path),
     default=DEFAULT_OUT,
     show_default=True,
-    help="The page to write; its plot (.png) and figures (.json) go beside it.",
+    help="The page to write; its plot (.png) goes beside it, its results to results/*.json.",
+)
+@click.option(
+    "--render-only",
+    is_flag=True,
+    help="Only render the page again from its saved results (after a text change).",
 )
 def main(
     model_reference: str,
@@ -106,8 +111,12 @@ def main(
     config: tuple[tuple[str, str], ...],
     seed: int,
     out: Path,
+    render_only: bool,
 ) -> None:
     """Benchmark the KV layouts; progress to stderr, the page to --out."""
+    if render_only:
+        render_saved(out)
+        return
     from ovspec.ir.model_dir import resolve_model
     from ovspec.ir.reference import EXACT_CPU_PROPERTIES
     from ovspec.ir.specialize import prepare, read_ir
@@ -143,7 +152,7 @@ def main(
     loads.append(load_average())
     out.parent.mkdir(parents=True, exist_ok=True)
     plot = write_plot(run, out.with_suffix(".png"))
-    page, document = render_page(
+    results = results_document(
         command,
         environment(),
         (loads[0], loads[1]),
@@ -155,9 +164,25 @@ def main(
         plot.name,
         time.perf_counter() - started,
     )
-    out.write_text(page, encoding="utf-8")
-    out.with_suffix(".json").write_text(json.dumps(json_safe(document), indent=2) + "\n")
-    say(f"wrote {out}, {plot}, {out.with_suffix('.json')}")
+    saved = results_path(out)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    out.write_text(render(results), encoding="utf-8")
+    say(f"wrote {out}, {plot}, {saved}")
+
+
+def results_path(page: Path) -> Path:
+    """Where a page's results document lives: results/<page>.json beside the page."""
+    return page.parent / "results" / f"{page.stem}.json"
+
+
+def render_saved(out: Path) -> None:
+    """Render the page again from its saved results (the plot is left as it is)."""
+    saved = results_path(out)
+    if not saved.is_file():
+        click.echo(f"bench_kv: error: no saved results at {saved}; run the benchmark", err=True)
+        sys.exit(2)
+    out.write_text(render(json.loads(saved.read_text(encoding="utf-8"))), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
-"""The KV-layout benchmark's page: markdown tables from ``kvbench`` results, the issue's
-targets checked against the figures (met or not, computed, never typed in), a JSON
-document and the plot of virtual and physical KV over each arm's own decode time.
+"""The KV-layout benchmark's page. ``results_document`` turns a run into a JSON results
+document (saved as docs/benchmarks/results/kv.json); ``render`` turns that document, and
+nothing else, into the Markdown page, the issue's targets checked against the figures
+(met or not, computed, never typed in); ``write_plot`` draws virtual and physical KV
+over each arm's own decode time from the run.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +62,7 @@ def _ms(seconds: float) -> str:
     return f"{1000 * seconds:.2f}"
 
 
-def boundary_section(samples: Sequence[BoundarySample]) -> tuple[list[str], dict[str, Any]]:
-    rows = summarize_boundaries(samples)
+def boundary_section(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], dict[str, Any]]:
     lines = [
         "| boundary | live KV MiB | arm | bytes copied | bytes moved | grow ms, median (min–max) "
         "| copy GB/s | peak physical MiB | pre-fault ms (thread) |",
@@ -91,7 +92,6 @@ def boundary_section(samples: Sequence[BoundarySample]) -> tuple[list[str], dict
         "remap_min_ms": min(remap_ms),
         "prefault_vs_memcpy_min": min(ratios),
         "prefault_vs_memcpy": ratios,
-        "rows": rows,
     }
     lines += [
         "",
@@ -104,9 +104,9 @@ def boundary_section(samples: Sequence[BoundarySample]) -> tuple[list[str], dict
     return lines, facts
 
 
-def memory_section(run: DecodeRun) -> tuple[list[str], dict[str, Any]]:
-    direct_kv = run.kv_bytes_per_token * run.config.ladder.top_tokens
-    figures = {arm: trace.figures(run.clock) for arm, trace in run.traces.items()}
+def memory_section(part2: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    direct_kv = part2["kv_bytes_per_token"] * part2["top_tokens"]
+    figures = part2["arms"]
     copy = figures[COPY]
     lines = [
         f"The direct graph's KV (B0, reserved from the start): {direct_kv / MIB:.2f} MiB. "
@@ -139,14 +139,14 @@ def memory_section(run: DecodeRun) -> tuple[list[str], dict[str, Any]]:
     return lines, {"direct_kv_bytes": direct_kv, "arms": figures}
 
 
-def decode_boundaries_section(run: DecodeRun) -> list[str]:
+def decode_boundaries_section(part2: Mapping[str, Any]) -> list[str]:
     lines = [
         "| arm | boundary | live tokens | migration ms | bytes copied | bytes moved "
         "| peak physical MiB |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for arm, trace in run.traces.items():
-        for b in trace.boundaries:
+    for arm, boundaries in part2["boundaries"].items():
+        for b in boundaries:
             lines.append(
                 f"| {arm} | {b['from']}→{b['to']} | {b['at_live_tokens']} "
                 f"| {_ms(b['migration_s'])} | {b['copied_bytes']:,} | {b['moved_bytes']:,} "
@@ -155,7 +155,7 @@ def decode_boundaries_section(run: DecodeRun) -> list[str]:
     return lines
 
 
-def speed_section(run: DecodeRun) -> tuple[list[str], dict[str, Any]]:
+def speed_section(part2: Mapping[str, Any]) -> list[str]:
     lines = [
         "Mean decode step (inference only) per context band; the change is the arm's mean "
         "step against copy-and-grow's at the same tokens, with a paired-t 95% CI over the "
@@ -165,28 +165,25 @@ def speed_section(run: DecodeRun) -> tuple[list[str], dict[str, Any]]:
         "tokens/s arm | change | 95% CI | arm faster |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    facts: dict[str, Any] = {}
-    for arm in (a for a in run.traces if a != COPY):
-        rows = compare_bands(run, arm)
-        facts[arm] = [vars(r) for r in rows]
+    for arm, rows in part2["bands"].items():
         for r in rows:
             lines.append(
-                f"| {arm} | {r.band} | {r.steps} | {r.copy_step_ms:.2f} | {r.arm_step_ms:.2f} "
-                f"| {1000 / r.copy_step_ms:.2f} | {1000 / r.arm_step_ms:.2f} "
-                f"| {100 * r.relative_change:+.2f}% "
-                f"| [{100 * r.ci_low:+.2f}%, {100 * r.ci_high:+.2f}%] "
-                f"| {r.arm_faster_steps}/{r.steps} |"
+                f"| {arm} | {r['band']} | {r['steps']} | {r['copy_step_ms']:.2f} "
+                f"| {r['arm_step_ms']:.2f} | {1000 / r['copy_step_ms']:.2f} "
+                f"| {1000 / r['arm_step_ms']:.2f} | {100 * r['relative_change']:+.2f}% "
+                f"| [{100 * r['ci_low']:+.2f}%, {100 * r['ci_high']:+.2f}%] "
+                f"| {r['arm_faster_steps']}/{r['steps']} |"
             )
-    return lines, facts
+    return lines
 
 
-def agreement_section(run: DecodeRun) -> list[str]:
+def agreement_section(part2: Mapping[str, Any]) -> list[str]:
     lines = [
         "| arm vs copy-and-grow | steps | top-1 equal | min cosine | steps near a boundary "
         "| top-1 equal | min cosine |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for arm, a in run.agreement.items():
+    for arm, a in part2["agreement"].items():
         lines.append(
             f"| {arm} | {a['steps']} | {a['top1_equal']} | {a['min_cosine']:.9f} "
             f"| {a['boundary_steps']} | {a['boundary_top1_equal']} "
@@ -196,15 +193,15 @@ def agreement_section(run: DecodeRun) -> list[str]:
 
 
 def targets(
-    boundary: dict[str, Any], memory: dict[str, Any], speed: dict[str, Any], run: DecodeRun
+    boundary: Mapping[str, Any], memory: Mapping[str, Any], part2: Mapping[str, Any]
 ) -> list[str]:
     """The issue's 'done when' figures, each with its verdict from the numbers above."""
     arms = memory["arms"]
     remap, copy = arms[REMAP], arms[COPY]
     direct_kv = memory["direct_kv_bytes"]
-    rows = speed.get(REMAP, [])
+    rows = part2["bands"].get(REMAP, [])
     worst = max((abs(r["relative_change"]) for r in rows), default=float("nan"))
-    agree = run.agreement[REMAP]
+    agree = part2["agreement"][REMAP]
 
     def verdict(ok: bool) -> str:
         return "**met**" if ok else "**not met**"
@@ -267,9 +264,12 @@ def targets(
     return lines
 
 
-def render_page(
+RESULTS_FORMAT = 1
+
+
+def results_document(
     command: str,
-    env: dict[str, str],
+    env: Mapping[str, str],
     loads: tuple[str, str],
     model: str,
     samples: Sequence[BoundarySample],
@@ -278,11 +278,48 @@ def render_page(
     run: DecodeRun,
     plot_name: str,
     wall_s: float,
-) -> tuple[str, dict[str, Any]]:
-    b_lines, b_facts = boundary_section(samples)
-    m_lines, m_facts = memory_section(run)
-    s_lines, s_facts = speed_section(run)
+) -> dict[str, Any]:
+    """Everything the page shows, as plain JSON (``render`` reads nothing else)."""
     cfg = run.config
+    document = {
+        "format": RESULTS_FORMAT,
+        "command": command,
+        "environment": dict(env),
+        "load_average": {"start": loads[0], "end": loads[1]},
+        "model": model,
+        "wall_s": wall_s,
+        "plot": plot_name,
+        "part1": {
+            "ladder": boundary_ladder,
+            "repetitions": repetitions,
+            "rows": summarize_boundaries(samples),
+        },
+        "part2": {
+            "ladder": str(cfg.ladder),
+            "top_tokens": cfg.ladder.top_tokens,
+            "prompt_tokens": cfg.prompt_tokens,
+            "prefault_lead_tokens": cfg.prefault_lead_tokens,
+            "kv_bytes_per_token": run.kv_bytes_per_token,
+            "weights_bytes": run.weights_bytes,
+            "arms": {arm: t.figures(run.clock) for arm, t in run.traces.items()},
+            "boundaries": {arm: t.boundaries for arm, t in run.traces.items()},
+            "bands": {
+                arm: [vars(r) for r in compare_bands(run, arm)] for arm in run.traces if arm != COPY
+            },
+            "agreement": run.agreement,
+        },
+    }
+    safe: dict[str, Any] = json_safe(document)
+    return safe
+
+
+def render(results: Mapping[str, Any]) -> str:
+    """The Markdown page of a results document."""
+    part1, part2, env = results["part1"], results["part2"], results["environment"]
+    b_lines, b_facts = boundary_section(part1["rows"])
+    m_lines, m_facts = memory_section(part2)
+    kv_bytes, top = part2["kv_bytes_per_token"], part2["top_tokens"]
+    loads = results["load_average"]
     lines = [
         "# KV layouts: remap against copy-and-grow (issue 12)",
         "",
@@ -290,18 +327,18 @@ def render_page(
         "command is given. Nothing here is typed in by hand: the targets table is computed.",
         "",
         "```sh",
-        command,
+        results["command"],
         "```",
         "",
-        f"- model `{model}`; KV {run.kv_bytes_per_token:,} bytes/token "
-        f"({run.kv_bytes_per_token * cfg.ladder.top_tokens / MIB:.1f} MiB at the decode "
-        f"ladder's top); weights {run.weights_bytes / MIB:.0f} MiB",
+        f"- model `{results['model']}`; KV {kv_bytes:,} bytes/token "
+        f"({kv_bytes * top / MIB:.1f} MiB at the decode ladder's top); weights "
+        f"{part2['weights_bytes'] / MIB:.0f} MiB",
         f"- {env['cpu']}, {env['cores']} cores; {env['kernel']}; page {env['page_bytes']} "
         f"bytes; THP `{env['transparent_hugepages']}`; MADV_POPULATE_WRITE "
         f"{'yes' if env['populate_write'] == 'True' else 'no (memset)'}; Python "
         f"{env['python']}; OpenVINO {env['openvino']}",
-        f"- load average (1/5/15 min) at the start {loads[0]}, at the end {loads[1]}; "
-        f"wall {wall_s / 60:.1f} min",
+        f"- load average (1/5/15 min) at the start {loads['start']}, at the end "
+        f"{loads['end']}; wall {results['wall_s'] / 60:.1f} min",
         "",
         "## Reading this page",
         "",
@@ -319,11 +356,12 @@ def render_page(
         "",
         "## 1. One boundary: bytes copied and time",
         "",
-        f"A cache shaped like the model's KV grows across ladder {boundary_ladder}; every slot "
-        "of the old rung is written first, as at a real boundary. Each arm runs "
-        f"{repetitions} times per boundary, the arms in rotated order. *grow* is the whole "
-        "`grow()` call (allocate, copy or move, free); *copy GB/s* is the bytes copied over "
-        "the allocation (or the wait for the pre-fault) plus the copy, without the free. The "
+        f"A cache shaped like the model's KV grows across ladder {part1['ladder']}; every "
+        "slot of the old rung is written first, as at a real boundary. Each arm runs "
+        f"{part1['repetitions']} times per boundary, the arms in rotated order. *grow* is the "
+        "whole `grow()` call (allocate, copy or move, free); *copy GB/s* is the bytes "
+        "copied over the allocation (or the wait for the pre-fault) plus the copy, without "
+        "the free. The "
         "pre-fault arm's thread finished before the boundary (as with an ample lead); its "
         "time is shown apart. *memcpy*: a flat copy of the same bytes into committed pages.",
         "",
@@ -331,24 +369,24 @@ def render_page(
         "",
         "## 2. KV memory over a decode run",
         "",
-        f"The arms decode the same {cfg.prompt_tokens}-token prompt and "
-        f"{cfg.ladder.top_tokens - cfg.prompt_tokens} teacher-forced tokens over ladder "
-        f"{cfg.ladder} (direct: one graph at {cfg.ladder.top_tokens}) in lockstep: at each "
+        f"The arms decode the same {part2['prompt_tokens']}-token prompt and "
+        f"{top - part2['prompt_tokens']} teacher-forced tokens over ladder "
+        f"{part2['ladder']} (direct: one graph at {top}) in lockstep: at each "
         "token every arm takes its step, in a Williams order over the arms; the pre-fault "
-        f"lead is {cfg.prefault_lead_tokens} tokens. The plot's x axis is each arm's own "
+        f"lead is {part2['prefault_lead_tokens']} tokens. The plot's x axis is each arm's own "
         "decode time.",
         "",
         *m_lines,
         "",
-        f"![virtual and physical KV over time]({plot_name})",
+        f"![virtual and physical KV over time]({results['plot']})",
         "",
         "Boundaries in this run:",
         "",
-        *decode_boundaries_section(run),
+        *decode_boundaries_section(part2),
         "",
         "## 3. Decode speed per band",
         "",
-        *s_lines,
+        *speed_section(part2),
         "",
         "## 4. Logits",
         "",
@@ -356,25 +394,14 @@ def render_page(
         "and inputs); *near a boundary*: live tokens from one before to two after a rung's "
         "capacity.",
         "",
-        *agreement_section(run),
+        *agreement_section(part2),
         "",
         "## Targets (issue 12, 'done when')",
         "",
-        *targets(b_facts, m_facts, s_facts, run),
+        *targets(b_facts, m_facts, part2),
         "",
     ]
-    document = {
-        "command": command,
-        "environment": env,
-        "load_average": {"start": loads[0], "end": loads[1]},
-        "boundaries": b_facts,
-        "memory": m_facts,
-        "speed": s_facts,
-        "agreement": run.agreement,
-        "decode_boundaries": {a: t.boundaries for a, t in run.traces.items()},
-        "wall_s": wall_s,
-    }
-    return "\n".join(lines), document
+    return "\n".join(lines)
 
 
 def write_plot(run: DecodeRun, path: Path) -> Path:

@@ -21,7 +21,7 @@ from ovspec.bench.kvbench import (
     run_decode,
     summarize_boundaries,
 )
-from ovspec.bench.kvbench_report import environment, render_page, write_plot
+from ovspec.bench.kvbench_report import environment, render, results_document, write_plot
 from ovspec.errors import BadRequestError, LadderError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.specialize import prepare, read_ir
@@ -85,7 +85,7 @@ def test_lockstep_decode_and_the_page(tiny_dir: Path, tmp_path: Path) -> None:
     roles = prepare(read_ir(tiny_dir / "openvino_model.xml")).roles
     samples = run_boundaries(roles, Ladder((64, 128, 256, 512, 1024)), 1, lambda _: None)
     plot = write_plot(run, tmp_path / "kv.png")
-    page, document = render_page(
+    document = results_document(
         "python tools/bench_kv.py --model builtin:tiny",
         environment(),
         ("1.00 / 1.00 / 1.00", "1.00 / 1.00 / 1.00"),
@@ -97,6 +97,8 @@ def test_lockstep_decode_and_the_page(tiny_dir: Path, tmp_path: Path) -> None:
         plot.name,
         12.0,
     )
+    page = render(document)
+    assert render(json.loads(json.dumps(document))) == page  # the saved JSON is all it needs
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for needle in (
         "## 1. One boundary",
@@ -108,7 +110,15 @@ def test_lockstep_decode_and_the_page(tiny_dir: Path, tmp_path: Path) -> None:
         "![virtual and physical KV over time](kv.png)",
     ):
         assert needle in page
-    assert json.loads(json.dumps(document))["boundaries"]["remap_copied_bytes"] == 0
+    assert all(r["copied_bytes"] == 0 for r in document["part1"]["rows"] if r["arm"] == REMAP)
+
+
+def test_the_committed_page_is_its_results_rendered() -> None:
+    """docs/benchmarks/kv.md is generated: a hand edit, or a renderer change without a
+    re-render (`python tools/bench_kv.py --render-only`), fails here."""
+    docs = Path(__file__).parents[2] / "docs" / "benchmarks"
+    results = json.loads((docs / "results" / "kv.json").read_text(encoding="utf-8"))
+    assert (docs / "kv.md").read_text(encoding="utf-8") == render(results)
 
 
 def test_config_and_tool_refuse_bad_input(tmp_path: Path) -> None:
