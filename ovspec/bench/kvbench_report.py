@@ -17,6 +17,7 @@ import numpy as np
 
 from ovspec.bench.kvbench import (
     COPY,
+    DECODE_ARMS,
     MEMCPY,
     PREFAULT,
     REMAP,
@@ -56,6 +57,11 @@ def load_average() -> str:
 
 def _mib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / MIB:.2f}"
+
+
+def _ordered(by_arm: Mapping[str, Any]) -> list[str]:
+    """Arms in the benchmark's own order (a saved document sorts its keys)."""
+    return [arm for arm in DECODE_ARMS if arm in by_arm]
 
 
 def _ms(seconds: float) -> str:
@@ -123,7 +129,8 @@ def memory_section(part2: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]
         "copy-and-grow's | physical peak / B0's KV |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for arm, f in figures.items():
+    for arm in _ordered(figures):
+        f = figures[arm]
         token_w = f.get("physical_token_weighted_bytes")
         time_w = f.get("physical_time_weighted_bytes")
         peak = f.get("physical_peak_bytes")
@@ -145,8 +152,8 @@ def decode_boundaries_section(part2: Mapping[str, Any]) -> list[str]:
         "| peak physical MiB |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for arm, boundaries in part2["boundaries"].items():
-        for b in boundaries:
+    for arm in _ordered(part2["boundaries"]):
+        for b in part2["boundaries"][arm]:
             lines.append(
                 f"| {arm} | {b['from']}→{b['to']} | {b['at_live_tokens']} "
                 f"| {_ms(b['migration_s'])} | {b['copied_bytes']:,} | {b['moved_bytes']:,} "
@@ -165,8 +172,8 @@ def speed_section(part2: Mapping[str, Any]) -> list[str]:
         "tokens/s arm | change | 95% CI | arm faster |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for arm, rows in part2["bands"].items():
-        for r in rows:
+    for arm in _ordered(part2["bands"]):
+        for r in part2["bands"][arm]:
             lines.append(
                 f"| {arm} | {r['band']} | {r['steps']} | {r['copy_step_ms']:.2f} "
                 f"| {r['arm_step_ms']:.2f} | {1000 / r['copy_step_ms']:.2f} "
@@ -183,7 +190,8 @@ def agreement_section(part2: Mapping[str, Any]) -> list[str]:
         "| top-1 equal | min cosine |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for arm, a in part2["agreement"].items():
+    for arm in _ordered(part2["agreement"]):
+        a = part2["agreement"][arm]
         lines.append(
             f"| {arm} | {a['steps']} | {a['top1_equal']} | {a['min_cosine']:.9f} "
             f"| {a['boundary_steps']} | {a['boundary_top1_equal']} "
