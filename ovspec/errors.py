@@ -107,3 +107,15 @@ def openvino_message(exc: BaseException, limit_chars: int = 400) -> str:
     if not text:
         return type(exc).__name__
     return text if len(text) <= limit_chars else text[: limit_chars - 3] + "..."
+
+
+class RemapUnsupportedError(OvspecError):
+    """This platform cannot map KV pages (not Linux, an unknown ABI, an old kernel)."""
+
+    exit_code = 2
+
+
+class MappingError(OvspecError):
+    """The kernel refused a mapping call (mmap, mremap, madvise); the message has errno."""
+
+    exit_code = 1

@@ -2,7 +2,8 @@
 
 Pure arithmetic over a ``DecodeResult``: foreground compile wall, critical path,
 decode time and tokens/s per context band, boundary waits and migrations, reserved
-KV (time-weighted and peak). The names are the seed's (DESIGN.md §3).
+(virtual) and physical (committed) KV, time- and token-weighted, and their peaks. The
+names are the seed's (DESIGN.md §3).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class BoundaryFigures:
     copied_bytes: int
     allocated_bytes: int
     peak_reserved_bytes: int
+    moved_bytes: int = 0  # pages remapped (no copy)
+    peak_physical_bytes: int | None = None
 
     @property
     def migration_bytes_per_s(self) -> float:
@@ -77,6 +80,11 @@ class RunFigures:
     peak_rss_bytes: int
     kv_bytes_per_token: int
     weights_bytes: int
+    kv_layout: str = ""  # the layout the run used (I3 falls back where remap cannot run)
+    reserved_kv_token_weighted_bytes: float = 0.0
+    physical_kv_time_weighted_bytes: float | None = None
+    physical_kv_token_weighted_bytes: float | None = None
+    peak_physical_kv_bytes: int | None = None  # samples and boundary peaks
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -155,6 +163,8 @@ def compute(
                 copied_bytes=b.migration.copied_bytes,
                 allocated_bytes=b.migration.allocated_bytes,
                 peak_reserved_bytes=b.migration.peak_reserved_bytes,
+                moved_bytes=b.migration.moved_bytes,
+                peak_physical_bytes=b.migration.peak_physical_bytes,
             )
         )
     loaded = [e for e in events if e.kind in (EventKind.COMPILED, EventKind.STORE_HIT)]
@@ -189,6 +199,11 @@ def compute(
         boundaries=tuple(boundaries),
         bands=tuple(bands),
         reserved_kv_time_weighted_bytes=time_weighted_reserved(result),
+        reserved_kv_token_weighted_bytes=token_weighted(result, physical=False) or 0.0,
+        physical_kv_time_weighted_bytes=time_weighted_physical(result),
+        physical_kv_token_weighted_bytes=token_weighted(result, physical=True),
+        peak_physical_kv_bytes=peak_physical(result),
+        kv_layout=result.kv_layout,
         peak_kv_bytes=max(
             [r for _, r in result.reserved_kv]
             + [b.migration.peak_reserved_bytes for b in result.boundaries]
@@ -212,6 +227,43 @@ def time_weighted_reserved(result: DecodeResult) -> float:
     if total <= 0:
         return float(reserved[-1])
     return sum(r * (e - s) for r, s, e in zip(reserved, starts, ends, strict=True)) / total
+
+
+def _decode_values(result: DecodeResult, physical: bool) -> list[int] | None:
+    """Bytes after each decode step (sample 0 is the prefill's); None if not measured."""
+    samples = result.kv_samples[1:]
+    if physical:
+        values = [s.physical_bytes for s in samples]
+        return None if not values or None in values else [int(v or 0) for v in values]
+    return [s.reserved_bytes for s in samples] or None
+
+
+def time_weighted_physical(result: DecodeResult) -> float | None:
+    """Committed KV bytes averaged over the decode's wall time, as reserved is."""
+    steps = [s for s in result.steps if not s.prefill]
+    values = _decode_values(result, physical=True)
+    if values is None or len(values) != len(steps):
+        return None
+    starts = [s.began_s for s in steps]
+    ends = [*starts[1:], result.finished_s]
+    total = sum(e - s for s, e in zip(starts, ends, strict=True))
+    if total <= 0:
+        return float(values[-1])
+    return sum(v * (e - s) for v, s, e in zip(values, starts, ends, strict=True)) / total
+
+
+def token_weighted(result: DecodeResult, physical: bool) -> float | None:
+    """KV bytes averaged over decoded tokens (each decode step holds one token's worth
+    of the run, whatever it cost in time)."""
+    values = _decode_values(result, physical)
+    return sum(values) / len(values) if values else None
+
+
+def peak_physical(result: DecodeResult) -> int | None:
+    values = [s.physical_bytes for s in result.kv_samples]
+    values += [b.migration.peak_physical_bytes for b in result.boundaries]
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def median(values: Sequence[float]) -> float:

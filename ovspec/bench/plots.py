@@ -3,6 +3,7 @@
 ``timeline``: per protocol, one lane of decoding and one of compiles (foreground and
 background), the seed's Sketch 2 from real timestamps. ``kv_over_tokens``: reserved
 KV bytes against live tokens for each protocol, with the migration peaks.
+``kv_over_time``: virtual (reserved) and physical (committed) KV against seconds.
 """
 
 from __future__ import annotations
@@ -117,8 +118,9 @@ def kv_over_tokens(runs: Mapping[str, Mapping[str, Any]], path: Path, title: str
         (line,) = ax.step(
             tokens, mib, where="post", label=name, lw=1.8, ls=styles[index % len(styles)]
         )
-        # Copying migrations only: a shared-max "migration" allocates nothing.
-        peaks = [m for m in data.get("migrations", []) if m["allocated_bytes"] > 0]
+        # Copying migrations only: shared-max allocates nothing, remap copies nothing.
+        peaks = [m for m in data.get("migrations", []) if m.get("copied_bytes", 1) > 0]
+        peaks = [m for m in peaks if m["allocated_bytes"] > 0]
         ax.plot(
             [m["at_live_tokens"] for m in peaks],
             [m["peak_reserved_bytes"] / 2**20 for m in peaks],
@@ -138,3 +140,87 @@ def kv_over_tokens(runs: Mapping[str, Mapping[str, Any]], path: Path, title: str
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def kv_over_time(
+    runs: Mapping[str, Mapping[str, Any]],
+    path: Path,
+    title: str,
+    x_label: str = "seconds since start",
+) -> Path:
+    """Two panels against seconds: the KV each protocol reserves (virtual: what a
+    device would have to allocate) and what it has committed (physical, measured)."""
+    fig, (virtual, physical) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    styles = ["-", "--", "-.", ":"]
+    for index, (name, data) in enumerate(runs.items()):
+        samples = data.get("kv_samples") or []
+        if not samples:
+            continue
+        # A sample is taken after each step; a step that crossed a boundary may have
+        # waited for its graph, so the new rung starts at the crossing, not at the sample.
+        crossings = sorted(b["began_s"] for b in data.get("boundaries", []))
+        samples = _with_crossings(samples, crossings)
+        seconds = [s[0] for s in samples]
+        style = styles[index % len(styles)]
+        (line,) = virtual.step(
+            seconds, [s[2] / 2**20 for s in samples], where="post", lw=1.6, ls=style, label=name
+        )
+        known = [(t, s[3]) for t, s in zip(seconds, samples, strict=True) if s[3] is not None]
+        if known:
+            physical.step(
+                [t for t, _ in known],
+                [b / 2**20 for _, b in known],
+                where="post",
+                lw=1.6,
+                ls=style,
+                color=line.get_color(),
+            )
+        # The worst moment of each boundary (old and new buffers both held).
+        at = {b["at_live_tokens"]: b["began_s"] for b in data.get("boundaries", [])}
+        peaks = [
+            (at[m["at_live_tokens"]], m["peak_physical_bytes"])
+            for m in data.get("migrations", [])
+            if m.get("peak_physical_bytes") is not None and m["at_live_tokens"] in at
+        ]
+        physical.plot(
+            [t for t, _ in peaks],
+            [b / 2**20 for _, b in peaks],
+            marker="^",
+            ls="none",
+            ms=5,
+            color=line.get_color(),
+        )
+    virtual.set_ylabel("virtual (reserved) KV, MiB")
+    physical.set_ylabel("physical (committed) KV, MiB")
+    physical.set_xlabel(x_label)
+    for ax in (virtual, physical):
+        ax.grid(alpha=0.3)
+    virtual.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    physical.text(
+        1.01,
+        1.0,
+        "▲ at a boundary:\n   old + new\n   buffers held",
+        transform=physical.transAxes,
+        va="top",
+        fontsize=8,
+    )
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _with_crossings(
+    samples: Sequence[Sequence[Any]], crossings: Sequence[float]
+) -> list[list[Any]]:
+    """Samples plus, at each boundary crossing, a copy of the first sample after it."""
+    out: list[list[Any]] = []
+    pending = list(crossings)
+    for sample in samples:
+        while pending and out and out[-1][0] < pending[0] < sample[0]:
+            out.append([pending.pop(0), *sample[1:]])
+        while pending and pending[0] <= (out[-1][0] if out else sample[0]):
+            pending.pop(0)
+        out.append(list(sample))
+    return out

@@ -1,9 +1,10 @@
-"""The four decode protocols the bench compares (DESIGN.md §3), as values.
+"""The five decode protocols the bench compares (DESIGN.md §3), as values.
 
 A protocol fixes which rungs exist, when they are compiled (the loader policy) and
 how KV memory is laid out. B0 is the direct max-capacity graph; B1 the shared-max
 pyramid; I1 copy-and-grow with every rung compiled up front; I2 the same graphs
-compiled one ahead in the background.
+compiled one ahead in the background; I3 one-ahead with the remap layout (pages move
+at a boundary, nothing is copied).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Protocol(Enum):
     B1 = "B1"
     I1 = "I1"
     I2 = "I2"
+    I3 = "I3"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,13 @@ SETUPS: dict[Protocol, ProtocolSetup] = {
         "copy-and-grow, successors compiled one ahead in the background",
         Policy.ONE_AHEAD,
         KVLayout.COPY_AND_GROW,
+        single_top_rung=False,
+    ),
+    Protocol.I3: ProtocolSetup(
+        Protocol.I3,
+        "remap: successors one ahead, KV pages moved at a boundary (no copy)",
+        Policy.ONE_AHEAD,
+        KVLayout.REMAP,
         single_top_rung=False,
     ),
 }

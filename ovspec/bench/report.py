@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from ovspec.bench.protocols import CONTROL, SETUPS, Protocol
 from ovspec.bench.runner import (
     PAIRED_FIGURES,
     BenchResult,
+    RunOutcome,
     band_comparison,
     boundary_agreement,
     medians,
@@ -121,6 +123,7 @@ def _variant_text(result: BenchResult, variant: str) -> list[str]:
             f"{medians(i1, 'peak_kv_bytes') / MIB:.2f} MiB (at the last migration) vs B0's "
             f"{medians(b0, 'peak_kv_bytes') / MIB:.2f} MiB"
         )
+    lines += ["", *_kv_memory_text(result, variant)]
     lines += ["", f"paired vs {CONTROL.value} (A = {CONTROL.value}, B = protocol, B - A):"]
     if cfg.repetitions < 2:
         lines.append(
@@ -142,15 +145,16 @@ def _variant_text(result: BenchResult, variant: str) -> list[str]:
             same = [r.figures.boundaries[index] for r in runs if len(r.figures.boundaries) > index]
             mig_s = median([x.migration_s for x in same])
             bw = median([x.migration_bytes_per_s for x in same])
+            if b.copied_bytes:
+                how = f" at {bw / 1e9:.2f} GB/s (memcpy {result.memcpy_bytes_per_s / 1e9:.2f} GB/s)"
+            elif b.moved_bytes:
+                how = f" ({b.moved_bytes / MIB:.2f} MiB of pages moved, no copy)"
+            else:
+                how = " (no copy)"
             lines.append(
                 f"  {protocol.value} {b.from_capacity_tokens}->{b.to_capacity_tokens}: wait "
                 f"{median([x.wait_s for x in same]):.4f} s; migration {1000 * mig_s:.2f} ms, "
-                f"{b.copied_bytes / MIB:.2f} MiB copied"
-                + (
-                    f" at {bw / 1e9:.2f} GB/s (memcpy {result.memcpy_bytes_per_s / 1e9:.2f} GB/s)"
-                    if b.copied_bytes
-                    else " (no copy)"
-                )
+                f"{b.copied_bytes / MIB:.2f} MiB copied{how}"
             )
     lines += ["", "decode tokens/s per context band (median over repetitions):"]
     bands = [b.band for b in result.runs[0].figures.bands] if result.runs else []
@@ -196,6 +200,56 @@ def _gain_text(predicted_speedup: float, fraction_of_predicted: float) -> str:
     if fraction_of_predicted < 0:
         return " (slower than B0, where a gain was predicted)"
     return f" ({100 * fraction_of_predicted:.0f}% of the predicted gain)"
+
+
+def _mib(value: float | None) -> str:
+    return "n/a" if value is None or value != value else f"{value / MIB:.2f}"  # NaN: n/a
+
+
+def _optional_median(runs: Sequence[RunOutcome], name: str) -> float | None:
+    values = [getattr(r.figures, name) for r in runs]
+    known = [float(v) for v in values if v is not None]
+    return median(known) if known else None
+
+
+def _kv_memory_text(result: BenchResult, variant: str) -> list[str]:
+    """Reserved (virtual) and physical (committed, pagemap) KV per protocol, averaged
+    over the decode's wall time and over its tokens, with peaks; ratios to B0's KV."""
+    cfg = result.config
+    lines = [
+        "KV memory, MiB (median over repetitions; physical = pages committed, measured):",
+        f"{'':4}{'layout':>15}{'res time-w':>11}{'res token-w':>12}{'phys time-w':>12}"
+        f"{'phys token-w':>13}{'res peak':>10}{'phys peak':>10}",
+    ]
+    b0_kv = None
+    for protocol in cfg.protocols:
+        runs = result.select(variant, protocol)
+        if not runs:
+            continue
+        if protocol is Protocol.B0:
+            b0_kv = float(runs[0].figures.kv_bytes_per_token * cfg.ladder.top_tokens)
+        lines.append(
+            f"{protocol.value:<4}{runs[0].figures.kv_layout or '-':>15}"
+            f"{_mib(medians(runs, 'reserved_kv_time_weighted_bytes')):>11}"
+            f"{_mib(medians(runs, 'reserved_kv_token_weighted_bytes')):>12}"
+            f"{_mib(_optional_median(runs, 'physical_kv_time_weighted_bytes')):>12}"
+            f"{_mib(_optional_median(runs, 'physical_kv_token_weighted_bytes')):>13}"
+            f"{_mib(medians(runs, 'peak_kv_bytes')):>10}"
+            f"{_mib(_optional_median(runs, 'peak_physical_kv_bytes')):>10}"
+        )
+    if b0_kv:
+        for protocol in (p for p in cfg.protocols if p is not Protocol.B0):
+            runs = result.select(variant, protocol)
+            token_w = _optional_median(runs, "physical_kv_token_weighted_bytes")
+            peak = _optional_median(runs, "peak_physical_kv_bytes")
+            if runs and token_w is not None and peak is not None:
+                lines.append(
+                    f"  {protocol.value}: physical token-weighted {token_w / b0_kv:.3f} x B0's KV "
+                    f"({b0_kv / MIB:.2f} MiB reserved from the start), peak {peak / b0_kv:.3f} x"
+                )
+    notes = {r.timeline.get("kv_note", "") for r in result.runs if r.figures.variant == variant}
+    lines += [f"  note: {note}" for note in sorted(notes) if note]
+    return lines
 
 
 def to_json(result: BenchResult, env: dict[str, str]) -> dict[str, Any]:
@@ -247,10 +301,20 @@ def to_json(result: BenchResult, env: dict[str, str]) -> dict[str, Any]:
                         "decode_s",
                         "first_rung_compile_s",
                         "reserved_kv_time_weighted_bytes",
+                        "reserved_kv_token_weighted_bytes",
                         "peak_kv_bytes",
                         "peak_rss_bytes",
                     )
                 },
+                "physical_median": {
+                    name: _optional_median(runs, name)
+                    for name in (
+                        "physical_kv_time_weighted_bytes",
+                        "physical_kv_token_weighted_bytes",
+                        "peak_physical_kv_bytes",
+                    )
+                },
+                "kv_layout": runs[0].figures.kv_layout,
                 "vs_control": paired,
                 "bands_vs_b0": [
                     {
@@ -285,6 +349,8 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
                             "at_live_tokens": b.at_live_tokens,
                             "peak_reserved_bytes": b.peak_reserved_bytes,
                             "allocated_bytes": b.allocated_bytes,
+                            "copied_bytes": b.copied_bytes,
+                            "peak_physical_bytes": b.peak_physical_bytes,
                         }
                         for b in first.figures.boundaries
                     ],
@@ -301,6 +367,13 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         written.append(
             plots.kv_over_tokens(
                 chosen, out_dir / f"kv-{variant}.png", f"reserved KV over tokens, {variant} store"
+            )
+        )
+        written.append(
+            plots.kv_over_time(
+                chosen,
+                out_dir / f"kv-time-{variant}.png",
+                f"virtual (reserved) and physical (committed) KV over time, {variant} store",
             )
         )
     return written

@@ -1,6 +1,6 @@
-"""The bench workflow: B0/B1/I1/I2 side by side, in Williams order, one fresh process each.
+"""The bench workflow: B0/B1/I1/I2/I3 side by side, in Williams order, one fresh process each.
 
-Each repetition is a row of a 4x4 Williams square; each run is a fresh interpreter
+Each repetition is a row of a Williams design; each run is a fresh interpreter
 (``ovspec.bench.worker``) with a cold store (compile figures) or a prebuilt warm one.
 The same prompt and forced tokens go through every protocol, so boundary logits can
 be compared with the I1 control position by position. This module plans, runs and
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ovspec.bench.metrics import RunFigures, band_edges, median
-from ovspec.bench.protocols import CONTROL, Protocol
+from ovspec.bench.protocols import CONTROL, SETUPS, Protocol
 from ovspec.bench.worker import RunRequest
 from ovspec.errors import BadRequestError, OvspecError, TrialError
 from ovspec.ir.model_dir import ModelDir
@@ -125,12 +125,27 @@ def make_tokens(config: BenchConfig) -> tuple[list[int], list[int]]:
     return prompt, forced
 
 
+def check_layouts(config: BenchConfig) -> None:
+    """Refuse, before any run, a ladder the remap protocol (I3) cannot map."""
+    from ovspec.ir.specialize import prepare, read_ir
+    from ovspec.runtime import vmem
+    from ovspec.runtime.kv import KVLayout
+    from ovspec.runtime.kvremap import check_ladder
+
+    remap = [p for p in config.protocols if SETUPS[p].kv_layout is KVLayout.REMAP]
+    if remap and vmem.unsupported_reason() is None:  # elsewhere they fail over, and say so
+        roles = prepare(read_ir(config.model.xml_path)).roles
+        others = ",".join(p.value for p in config.protocols if p not in remap)
+        check_ladder(roles, config.ladder, otherwise=f"--protocols {others}")
+
+
 def run_bench(
     config: BenchConfig,
     on_run: Callable[[RunFigures], None] | None = None,
     run_worker: Callable[[Path], None] | None = None,
 ) -> BenchResult:
     """Every variant x repetition x protocol, each in a fresh worker process."""
+    check_layouts(config)
     began = time.perf_counter()
     config.work_dir.mkdir(parents=True, exist_ok=True)
     worker = run_worker or _run_worker_process

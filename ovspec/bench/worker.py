@@ -82,6 +82,7 @@ def run(request: RunRequest) -> dict[str, Any]:
             forced_ids=request.forced_ids,
             kv_layout=setup.kv_layout,
             keep_logits=lambda _step, live: live in positions,
+            measure_physical=True,
         )
         roles = loader.compiler.roles()
         weights_bytes = loader.compiler.model_dir.bin_path.stat().st_size
@@ -111,6 +112,12 @@ def run(request: RunRequest) -> dict[str, Any]:
                 for s in result.steps
             ],
             "reserved_kv": [list(pair) for pair in result.reserved_kv],
+            "kv_samples": [
+                [s.at_s, s.live_tokens, s.reserved_bytes, s.physical_bytes]
+                for s in result.kv_samples
+            ],
+            "kv_layout": result.kv_layout,
+            "kv_note": result.kv_note,
             "events": [
                 {
                     "kind": e.kind.value,

@@ -1,4 +1,4 @@
-"""``ovspec bench``: B0, B1, I1 and I2 side by side, in Williams order, fresh processes."""
+"""``ovspec bench``: B0, B1, I1, I2 and I3 side by side, in Williams order, fresh processes."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from ovspec.cli.options import (
     json_option,
     ladder_option,
 )
+from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
     from ovspec.bench.metrics import RunFigures
+    from ovspec.bench.protocols import Protocol
 
 
 @cli.command()
@@ -39,7 +41,14 @@ if TYPE_CHECKING:
     type=click.IntRange(min=1),
     default=4,
     show_default=True,
-    help="Rows of the 4x4 Williams square (4 balances order fully).",
+    help="Rows of the Williams design (balanced at multiples of 2x the protocols when "
+    "their number is odd, of their number when even).",
+)
+@click.option(
+    "--protocols",
+    default="B0,B1,I1,I2,I3",
+    show_default=True,
+    help="Which protocols to run (the control I1 always); I3 needs page-aligned rungs.",
 )
 @click.option(
     "--variants",
@@ -65,6 +74,7 @@ def bench(
     prompt_tokens: int,
     new_tokens: int | None,
     repetitions: int,
+    protocols: str,
     variants: str,
     device: str,
     config: tuple[tuple[str, str], ...],
@@ -75,7 +85,7 @@ def bench(
     cache_dir: Path | None,
     as_json: bool,
 ) -> None:
-    """Measure the four protocols on MODEL (folder or builtin:PRESET).
+    """Measure the decode protocols on MODEL (folder or builtin:PRESET).
 
     Every run is a fresh process; cold runs use an empty store each, so their
     compile figures are real compiles. Properties default to exact f32 on CPU,
@@ -105,6 +115,7 @@ def bench(
         prefill_chunk_tokens=chunk_tokens,
         seed=seed,
         work_dir=work / "runs",
+        protocols=_protocols(protocols),
     )
     total = len(bench_config.variants) * repetitions * len(bench_config.protocols)
 
@@ -136,3 +147,14 @@ def bench(
         + "".join(f", {p}" for p in written),
         file=sys.stdout,
     )
+
+
+def _protocols(text: str) -> tuple[Protocol, ...]:
+    from ovspec.bench.protocols import Protocol
+
+    names = [p.strip().upper() for p in text.split(",") if p.strip()]
+    known = {p.value: p for p in Protocol}
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise BadRequestError(f"--protocols takes a list of {', '.join(known)} (got {text!r})")
+    return tuple(known[n] for n in dict.fromkeys(names))

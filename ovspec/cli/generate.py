@@ -7,6 +7,7 @@ its chat template) or as token ids, generates with the lazy loader and a growing
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,7 +36,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Kept as literals so `ovspec --help` does not import openvino; a test checks they
 # match ovspec.loader.Policy and ovspec.kv.KVLayout.
 POLICY_CHOICES = ("one_ahead", "eager", "on_demand")
-KV_LAYOUT_CHOICES = ("copy-and-grow", "shared-max")
+KV_LAYOUT_CHOICES = ("copy-and-grow", "shared-max", "remap")
 
 
 def sampling_options(func: F) -> F:
@@ -133,10 +134,12 @@ def sampling_options(func: F) -> F:
 )
 @click.option(
     "--kv-layout",
-    type=click.Choice(KV_LAYOUT_CHOICES),
-    default="copy-and-grow",
+    type=click.Choice(("auto", *KV_LAYOUT_CHOICES)),
+    default="auto",
     show_default=True,
-    help="KV sized to the rung and copied at a boundary, or one top-rung buffer with views.",
+    help="KV sized to the rung and copied at a boundary, one top-rung buffer with views, or "
+    "pages moved at a boundary (no copy; Linux, page-aligned rungs). auto: remap where it "
+    "works, else copy-and-grow.",
 )
 @device_options
 @cache_dir_option
@@ -183,7 +186,7 @@ def generate(
     from ovspec.runtime.chat import chat_prompt_ids
     from ovspec.runtime.decoding import open as open_loader
     from ovspec.runtime.generation import generate as run_generation
-    from ovspec.runtime.kv import KVLayout
+    from ovspec.runtime.kv import KVLayoutWarning
     from ovspec.runtime.loader import Policy
     from ovspec.runtime.sampling import GenerationConfig
     from ovspec.runtime.textcodec import TextCodec, eos_token_ids
@@ -218,6 +221,7 @@ def generate(
         )
         store = store or Store(root)
         write = _Writer(codec.stream() if codec.can_decode else None, quiet=as_json)
+        warnings.simplefilter("ignore", KVLayoutWarning)  # the summary carries its note
         with open_loader(
             model_dir.root,
             ladder=ladder,
@@ -226,6 +230,7 @@ def generate(
             store=store,
             policy=Policy(policy),
             prefill_chunk_tokens=chunk_tokens,
+            kv_layout=None if kv_layout == "auto" else kv_layout,  # remap: ladder checked here
         ) as loader:
             generation = run_generation(
                 loader,
@@ -233,7 +238,6 @@ def generate(
                 settings,
                 codec=codec,
                 streamer=write.token,
-                kv_layout=KVLayout(kv_layout),
             )
         write.finish()
     finally:
@@ -306,6 +310,8 @@ def _json_document(generation: Generation, prompt_ids: list[int]) -> dict[str, o
             }
             for e in result.events
         ],
+        "kv_layout": result.kv_layout,
+        "kv_note": result.kv_note,
         "first_token_s": round(result.first_token_s, 6),
         "finished_s": round(result.finished_s, 6),
     }
@@ -326,5 +332,6 @@ def _summary(generation: Generation) -> str:
         f"rungs {','.join(map(str, result.rungs))}; "
         f"{boundaries} {'boundary' if boundaries == 1 else 'boundaries'} "
         f"(program wait {wait_s:.3f} s); "
-        f"first token {result.first_token_s:.3f} s (foreground compile wall); decode {rate}"
+        f"first token {result.first_token_s:.3f} s (foreground compile wall); decode {rate}; "
+        f"KV {result.kv_layout}" + (f" ({result.kv_note})" if result.kv_note else "")
     )

@@ -9,6 +9,7 @@ steps, boundaries and the loader's events.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,15 @@ from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import resolve_model
 from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
-from ovspec.runtime.kv import KVLayout, make_kv
+from ovspec.runtime.kv import (
+    KVLayout,
+    KVLayoutWarning,
+    KVSample,
+    KVTrace,
+    Prefault,
+    choose_layout,
+    make_kv,
+)
 from ovspec.runtime.loader import Loader, LoaderEvent, Policy, WindowPlan
 from ovspec.runtime.session import BoundaryRecord, DecodeSession, StepRecord
 from ovspec.store.local import Store
@@ -43,11 +52,13 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     blob_mode: BlobMode = BlobMode.WEIGHTLESS,
     window_plan: WindowPlan | None = None,
     origin_s: float | None = None,
+    kv_layout: KVLayout | str | None = None,
 ) -> Loader:
     """A lazy loader for ``model`` (a folder, or ``builtin:PRESET``) over ``ladder``.
 
     Close it (or use it as a context manager): it owns its worker thread, and the
-    store too when it opened one.
+    store too when it opened one. ``kv_layout`` becomes ``decode``'s default; a remap
+    ladder the layout cannot map is refused here, before anything compiles.
     """
     ladder = Ladder.parse(ladder) if isinstance(ladder, str) else ladder
     policy = Policy(policy) if isinstance(policy, str) else policy
@@ -66,6 +77,11 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
             compression=compression,
             blob_mode=blob_mode,
         )
+        if kv_layout is not None:
+            kv_layout = KVLayout(kv_layout)
+            choose_layout(
+                kv_layout, compiler.roles(Specialization.decode(ladder.top_tokens)), ladder
+            )
     except BaseException:
         if owns_store:
             opened.close()
@@ -81,6 +97,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         window_plan=window_plan,
         on_close=on_close,
         origin_s=origin_s,
+        kv_layout=kv_layout,
     )
 
 
@@ -148,6 +165,9 @@ class DecodeResult:
     finished_s: float  # origin -> last token (critical path)
     reserved_kv: tuple[tuple[int, int], ...]  # (live tokens, reserved KV bytes) per step
     logits: dict[int, np.ndarray] = field(default_factory=dict)  # step index -> logits
+    kv_layout: str = ""  # the layout used
+    kv_note: str = ""  # why it is not the one asked for (empty when it is)
+    kv_samples: tuple[KVSample, ...] = ()  # after the prefill and each step
 
 
 def decode(
@@ -155,12 +175,14 @@ def decode(
     prompt_ids: Sequence[int],
     max_new_tokens: int = 0,
     forced_ids: Sequence[int] | None = None,
-    kv_layout: KVLayout = KVLayout.COPY_AND_GROW,
+    kv_layout: KVLayout | None = None,
     stop_ids: frozenset[int] = frozenset(),
     keep_logits: Callable[[int, int], bool] | None = None,
     on_token: Callable[[int], object] | None = None,
     release_passed_rungs: bool = True,
     choose: Callable[[np.ndarray], int] | None = None,
+    prefault_lead_tokens: int | None = None,
+    measure_physical: bool = False,
 ) -> DecodeResult:
     """Greedy decoding (``max_new_tokens``) or teacher forcing (``forced_ids``).
 
@@ -171,6 +193,11 @@ def decode(
     ``release_passed_rungs`` the loader drops the graphs of rungs the sequence has left
     (and the prefill graph once the prompt is in): a rung's compiled model holds its
     own copy of the weights. Keep them when the loader serves more sequences.
+
+    ``kv_layout`` None takes the loader's, else the default: remap where it works,
+    copy-and-grow elsewhere (``kv_note`` says why). ``prefault_lead_tokens`` makes
+    copy-and-grow commit its successor's copy target that many tokens before each
+    boundary; ``measure_physical`` reads the KV's committed bytes after every step.
     """
     if not prompt_ids:
         raise BadRequestError("the prompt is empty; give at least one token id")
@@ -189,24 +216,28 @@ def decode(
             f"extend {arg('ladder')} or lower {arg('max_new_tokens')}"
         )
     origin = loader.origin_s
-    if kv_layout is KVLayout.SHARED_MAX:
+    choice = choose_layout(kv_layout or loader.kv_layout, roles, ladder)
+    if choice.failover:
+        warnings.warn(choice.note, KVLayoutWarning, stacklevel=2)
+    if choice.layout is KVLayout.SHARED_MAX:
         loader.disable_warm_up()
     first = ladder.rung_for(len(prompt_ids))
     loader.start(first)
     prompt_ready_s = time.perf_counter() - origin
-    kv = make_kv(kv_layout, roles, first, ladder.top_tokens)
+    prefault = Prefault(ladder, prefault_lead_tokens) if prefault_lead_tokens else None
+    kv = make_kv(choice.layout, roles, first, ladder.top_tokens, prefault)
+    trace = KVTrace(kv, origin, measure_physical)
     chunk = loader.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
     session = DecodeSession(
         roles, ladder, kv, loader, chunk, origin_s=origin, release_passed=release_passed_rungs
     )
     kept: dict[int, np.ndarray] = {}
-    reserved: list[tuple[int, int]] = []
     try:
         logits = session.prefill(prompt_ids)
         first_token_s = time.perf_counter() - origin
         if keep_logits is not None and keep_logits(0, kv.live_tokens):
             kept[0] = logits
-        reserved.append((kv.live_tokens, kv.reserved_bytes))
+        trace.record()
         tokens: list[int] = []
         budget = len(forced_ids) if forced_ids is not None else max_new_tokens
         for step in range(1, budget + 1):
@@ -219,12 +250,13 @@ def decode(
             if forced_ids is None and (stop or token in stop_ids or step == budget):
                 break
             logits = session.step(token)
-            reserved.append((kv.live_tokens, kv.reserved_bytes))
+            trace.record()
             if keep_logits is not None and keep_logits(step, kv.live_tokens):
                 kept[step] = logits
         finished_s = time.perf_counter() - origin
     finally:
         session.close()
+        kv.close()
     rungs = [first] + [b.migration.to_capacity_tokens for b in session.boundaries]
     return DecodeResult(
         prompt_tokens=len(prompt_ids),
@@ -236,6 +268,9 @@ def decode(
         ready_s=prompt_ready_s,
         first_token_s=first_token_s,
         finished_s=finished_s,
-        reserved_kv=tuple(reserved),
+        reserved_kv=trace.reserved_pairs(),
         logits=kept,
+        kv_layout=choice.layout.value,
+        kv_note=choice.note,
+        kv_samples=tuple(trace.samples),
     )

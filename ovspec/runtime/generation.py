@@ -47,7 +47,7 @@ def generate(
     config: GenerationConfig,
     codec: TextCodec | None = None,
     streamer: Streamer | None = None,
-    kv_layout: KVLayout = KVLayout.COPY_AND_GROW,
+    kv_layout: KVLayout | None = None,
     release_passed_rungs: bool = True,
 ) -> Generation:
     """Generate from ``prompt_ids`` through the loader's ladder under ``config``.

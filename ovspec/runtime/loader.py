@@ -26,6 +26,7 @@ from ovspec.compile.compiler import Compiler, Program
 from ovspec.errors import CompileError, OvspecError
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
+from ovspec.runtime.kv import KVLayout
 from ovspec.runtime.schedule import WindowPlan, successors_to_start
 
 __all__ = ["EventKind", "Loader", "LoaderEvent", "Policy", "WindowPlan"]
@@ -72,8 +73,10 @@ class Loader:
         on_close: Sequence[Callable[[], None]] = (),
         origin_s: float | None = None,
         warm_up: bool = True,
+        kv_layout: KVLayout | None = None,
     ) -> None:
         self.compiler = compiler
+        self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
         self.ladder = ladder
         self.policy = policy
         self.prefill_chunk_tokens = prefill_chunk_tokens

@@ -19,7 +19,7 @@ from ovspec.errors import LadderError
 from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import Specialization, prefill_specialization
 from ovspec.ladder import Ladder
-from ovspec.runtime.kv import KVCache, Migration
+from ovspec.runtime.kvcache import KVCache, Migration
 
 
 class Programs(Protocol):

@@ -1,4 +1,4 @@
-"""ovspec bench on a tiny model: four protocols, fresh processes, figures that add up."""
+"""ovspec bench on a tiny model: five protocols, fresh processes, figures that add up."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from ovspec.ladder import Ladder
 def result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     config = BenchConfig(
         model=ModelDir.open(Path(__file__).parents[1] / "data" / "qwen2"),
-        ladder=Ladder((32, 64)),
+        ladder=Ladder((64, 128)),  # page-aligned, so I3 (remap) can map it
         prompt_tokens=8,
-        new_tokens=50,
+        new_tokens=70,
         repetitions=1,
         variants=("cold",),
         device="CPU",
@@ -44,11 +44,11 @@ def result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
 
 def test_every_protocol_ran_once(result) -> None:  # type: ignore[no-untyped-def]
-    assert sorted(r.figures.protocol for r in result.runs) == ["B0", "B1", "I1", "I2"]
+    assert sorted(r.figures.protocol for r in result.runs) == ["B0", "B1", "I1", "I2", "I3"]
     for run in result.runs:
         f = run.figures
         assert 0 < f.foreground_s <= f.time_to_first_token_s <= f.critical_path_s
-        assert f.decode_tokens == 50  # teacher forcing feeds every forced token
+        assert f.decode_tokens == 70  # teacher forcing feeds every forced token
         assert f.peak_rss_bytes > 0 and f.decode_s > 0
 
 
@@ -58,19 +58,36 @@ def test_boundaries_and_migrations(result) -> None:  # type: ignore[no-untyped-d
     (b1,) = fig["B1"].boundaries
     assert b1.copied_bytes == 0 and b1.allocated_bytes == 0
     (i1,) = fig["I1"].boundaries
-    assert (i1.from_capacity_tokens, i1.to_capacity_tokens, i1.at_live_tokens) == (32, 64, 32)
-    assert i1.copied_bytes == 32 * fig["I1"].kv_bytes_per_token
-    assert i1.peak_reserved_bytes == (32 + 64) * fig["I1"].kv_bytes_per_token
+    assert (i1.from_capacity_tokens, i1.to_capacity_tokens, i1.at_live_tokens) == (64, 128, 64)
+    assert i1.copied_bytes == 64 * fig["I1"].kv_bytes_per_token
+    assert i1.peak_reserved_bytes == (64 + 128) * fig["I1"].kv_bytes_per_token
     (i2,) = fig["I2"].boundaries
     assert i2.loaded_in_background and not i1.loaded_in_background
     assert fig["I1"].reserved_kv_time_weighted_bytes < fig["B0"].reserved_kv_time_weighted_bytes
-    assert fig["B0"].peak_kv_bytes == 64 * fig["B0"].kv_bytes_per_token
+    assert fig["B0"].peak_kv_bytes == 128 * fig["B0"].kv_bytes_per_token
+
+
+def test_remap_moves_pages_and_its_physical_kv_follows_the_tokens(result) -> None:  # type: ignore[no-untyped-def]
+    fig = {r.figures.protocol: r.figures for r in result.runs}
+    i3, i2 = fig["I3"], fig["I2"]
+    assert i3.kv_layout == "remap" and i2.kv_layout == "copy-and-grow"
+    (boundary,) = i3.boundaries
+    assert boundary.copied_bytes == 0 and boundary.moved_bytes > 0
+    # 8 blocks (4 tensors x 2 heads) of 64-byte tokens: a page per 64 tokens per block.
+    end_pages = 8 * -(-78 // 64)
+    assert i3.peak_physical_kv_bytes == end_pages * 4096
+    (copying,) = i2.boundaries
+    assert copying.peak_physical_bytes == 2 * copying.copied_bytes  # the transient double
+    for f in (i3, i2):
+        assert f.physical_kv_token_weighted_bytes is not None
+        assert f.physical_kv_time_weighted_bytes is not None
+        assert 0 < f.physical_kv_token_weighted_bytes <= f.reserved_kv_token_weighted_bytes
 
 
 def test_boundary_logits_agree_with_the_control(result) -> None:  # type: ignore[no-untyped-def]
-    for protocol in (Protocol.B0, Protocol.B1, Protocol.I2):
+    for protocol in (Protocol.B0, Protocol.B1, Protocol.I2, Protocol.I3):
         agreement = boundary_agreement(result, "cold", protocol)
-        assert agreement.compared == 4  # live positions 31, 32, 33, 34
+        assert agreement.compared == 4  # live positions 63, 64, 65, 66
         assert agreement.top1_equal == agreement.compared
         assert agreement.min_cosine >= 0.99999
 
@@ -93,16 +110,22 @@ def test_report_text_json_and_plots(result, tmp_path: Path) -> None:  # type: ig
         "memcpy",
         "boundary logits vs I1",
         "copy-and-grow time-weighted KV",
+        "KV memory, MiB",
+        "phys token-w",
+        "pages moved, no copy",
     ):
         assert needle in text
     # One repetition: said once, not as a line of n/a per figure.
     assert text.count("paired statistics need at least 2 repetitions") == 1
     assert "n/a" not in text
     document = json.loads(json.dumps(to_json(result, env)))
-    assert set(document["variants"]["cold"]) == {"B0", "B1", "I1", "I2"}
+    assert set(document["variants"]["cold"]) == {"B0", "B1", "I1", "I2", "I3"}
+    assert document["variants"]["cold"]["I3"]["kv_layout"] == "remap"
     assert document["variants"]["cold"]["I2"]["vs_control"]["boundary_agreement"]["compared"] == 4
     assert band_comparison(result, "cold", Protocol.I1)
-    for path in write_plots(result, tmp_path):
+    written = write_plots(result, tmp_path)
+    assert {p.name for p in written} == {"timeline-cold.png", "kv-cold.png", "kv-time-cold.png"}
+    for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -141,6 +164,17 @@ def test_cli_help_and_bad_input(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "exceed the top rung" in result.stderr
+    for extra, message in (
+        (["--protocols", "B0,I9"], "--protocols takes a list of B0, B1, I1, I2, I3"),
+        (["--prompt-tokens", "8", "--new-tokens", "20"], "cannot map rung 32"),
+        (["--prompt-tokens", "8", "--new-tokens", "20"], "or --protocols B0,B1,I1,I2"),
+    ):
+        model = str(Path(__file__).parents[1] / "data" / "qwen2")
+        args = ["bench", model, "--ladder", "32,64", *extra, "--out-dir", str(tmp_path)]
+        refused = runner.invoke(cli, args)
+        assert refused.exit_code == 2, refused.output
+        assert refused.stderr.count("\n") == 1 and message in refused.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 @pytest.mark.parametrize(

@@ -231,6 +231,24 @@ def test_ids_stream_to_stdout_and_layouts_agree(tiny_cache: Path) -> None:
     assert [b["copied_bytes"] for b in boundaries] == [0]
 
 
+def test_the_remap_layout_from_the_command_line(tiny_cache: Path) -> None:
+    args = ["builtin:tiny", "--ids", "9,8,7", "--ladder", "64,128", "--max-new-tokens", "90"]
+    args += ["--ignore-eos", "--cache-dir", str(tiny_cache)]
+    remap = generate_json(*args, "--kv-layout", "remap")
+    copied = generate_json(*args, "--kv-layout", "copy-and-grow")
+    assert ints(remap["token_ids"]) == ints(copied["token_ids"])
+    assert (remap["kv_layout"], remap["kv_note"]) == ("remap", "")
+    for document, copies in ((remap, False), (copied, True)):
+        boundaries = document["boundaries"]
+        assert isinstance(boundaries, list) and len(boundaries) == 1
+        assert (boundaries[0]["copied_bytes"] > 0) == copies
+    auto = run("generate", *args)  # the default on an aligned ladder
+    assert auto.exit_code == 0 and "KV remap" in auto.stderr
+    fallback = run("generate", *args[:3], "--ladder", "32,64", "--max-new-tokens", "40", *args[7:])
+    assert fallback.exit_code == 0
+    assert "KV copy-and-grow (rung 32 not page-aligned" in fallback.stderr
+
+
 # -- bad input ----------------------------------------------------------------------
 
 
@@ -246,6 +264,10 @@ def test_ids_stream_to_stdout_and_layouts_agree(tiny_cache: Path) -> None:
         ),
         (["tests/data/qwen2", "--ids", "1", "--policy", "lazy"], "'--policy'"),
         (["tests/data/qwen2", "--ids", "1", "--kv-layout", "paged"], "'--kv-layout'"),
+        (
+            ["tests/data/qwen2", "--ids", "1", "--ladder", "32,64", "--kv-layout", "remap"],
+            "cannot map rung 32",
+        ),
         (["tests/data/qwen2", "--ids", "1,x"], "not a comma-separated list of token ids"),
         (["tests/data/qwen2", "--ids", "1", "--max-new-tokens", "0"], "'--max-new-tokens'"),
         (["tests/data/qwen2", ""], "encodes to no tokens"),

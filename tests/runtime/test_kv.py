@@ -1,0 +1,131 @@
+"""Copy-and-grow over page mappings, with and without pre-faulting the successor."""
+
+from __future__ import annotations
+
+import pytest
+from kv_fakes import Writer, make_roles
+
+from ovspec.errors import LadderError, MappingError
+from ovspec.ir.roles import ModelRoles
+from ovspec.ladder import Ladder
+from ovspec.runtime import vmem
+from ovspec.runtime.kv import CopyAndGrowKV, Prefault, SharedMaxKV
+
+PAGE = vmem.PAGE_BYTES
+TOKEN_BYTES = 64 * 4
+LIVE_256 = 8 * 256 * TOKEN_BYTES  # 8 blocks x 256 tokens x 256 bytes: 16 pages each
+needs_mapping = pytest.mark.skipif(
+    vmem.unsupported_reason() is not None, reason=f"no page mapping: {vmem.unsupported_reason()}"
+)
+
+
+@pytest.fixture
+def roles() -> ModelRoles:
+    return make_roles()
+
+
+@needs_mapping
+def test_copy_and_grow_copies_the_live_prefix_and_commits_what_it_writes(
+    roles: ModelRoles,
+) -> None:
+    cache = CopyAndGrowKV(roles, 256)
+    cache.measure_physical = True
+    writer = Writer(roles, 1024)
+    writer.fill_to_capacity(cache)
+    assert cache.physical_bytes() == LIVE_256
+    migration = cache.grow(512)
+    assert migration.copied_bytes == LIVE_256 and migration.moved_bytes == 0
+    assert migration.peak_physical_bytes == 2 * LIVE_256  # old and new both hold the prefix
+    assert migration.peak_reserved_bytes == (256 + 512) * roles.kv_bytes_per_token
+    assert cache.physical_bytes() == LIVE_256  # the old buffers are gone
+    assert writer.matches(cache)
+
+
+@needs_mapping
+@pytest.mark.parametrize("use_memset", [False, True])
+def test_a_prefault_commits_the_copy_target_only(roles: ModelRoles, use_memset: bool) -> None:
+    ladder = Ladder((256, 512))
+    cache = CopyAndGrowKV(roles, 256, Prefault(ladder, lead_tokens=8, use_memset=use_memset))
+    cache.measure_physical = True
+    writer = Writer(roles, 512)
+    writer.write(cache, 247)
+    assert cache.reserved_bytes == 256 * roles.kv_bytes_per_token and not cache.prefaults
+    writer.write(cache, 1)  # 248 = 256 - 8: the pre-fault starts
+    cache.wait_prefault()
+    (record,) = cache.prefaults
+    assert (record.capacity_tokens, record.started_at_live_tokens) == (512, 248)
+    assert record.faulted_bytes == LIVE_256
+    assert record.method == ("memset" if use_memset else "populate-write") or (
+        not vmem.populate_write_supported() and record.method == "memset"
+    )
+    # Counted from the moment it is touched: reserved and physical both include it.
+    assert cache.reserved_bytes == (256 + 512) * roles.kv_bytes_per_token
+    assert cache.physical_bytes() == 8 * -(-248 * TOKEN_BYTES // PAGE) * PAGE + LIVE_256
+    writer.fill_to_capacity(cache)
+    assert len(cache.prefaults) == 1  # once per rung
+    migration = cache.grow(512)
+    assert migration.copied_bytes == LIVE_256
+    assert migration.peak_physical_bytes == 2 * LIVE_256  # the copy faulted no new page
+    assert cache.physical_bytes() == LIVE_256
+    assert cache.reserved_bytes == 512 * roles.kv_bytes_per_token
+    assert writer.matches(cache)
+
+
+@needs_mapping
+def test_prefaults_follow_the_ladder_across_boundaries(roles: ModelRoles) -> None:
+    ladder = Ladder((256, 512, 1024, 2048))
+    cache = CopyAndGrowKV(roles, 256, Prefault(ladder, lead_tokens=32))
+    writer = Writer(roles, 2048)
+    while cache.live_tokens < 1500:
+        if cache.live_tokens == cache.capacity_tokens:
+            cache.grow(ladder.rung_for(cache.live_tokens + 1))
+        writer.write(cache, 1)
+    cache.close()
+    assert [(p.capacity_tokens, p.started_at_live_tokens) for p in cache.prefaults] == [
+        (512, 224),
+        (1024, 480),
+        (2048, 992),
+    ]
+    assert writer.matches(cache)
+
+
+@needs_mapping
+def test_a_failed_prefault_is_raised_at_the_boundary(
+    roles: ModelRoles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(spans: object, use_memset: bool = False) -> int:
+        raise MappingError("madvise(23) failed: injected")
+
+    monkeypatch.setattr(vmem, "populate_write", refuse)
+    cache = CopyAndGrowKV(roles, 256, Prefault(Ladder((256, 512)), lead_tokens=4))
+    Writer(roles, 512).fill_to_capacity(cache)
+    with pytest.raises(MappingError, match="injected"):
+        cache.grow(512)
+    assert cache.capacity_tokens == 256
+
+
+def test_prefault_and_copy_work_on_numpy_buffers(
+    roles: ModelRoles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vmem, "unsupported_reason", lambda: "it needs Linux; this is darwin")
+    cache = CopyAndGrowKV(roles, 256, Prefault(Ladder((256, 512)), lead_tokens=4))
+    writer = Writer(roles, 512)
+    writer.fill_to_capacity(cache)
+    cache.wait_prefault()
+    assert [p.method for p in cache.prefaults] == ["memset"]
+    assert cache.grow(512).copied_bytes == LIVE_256
+    assert writer.matches(cache)
+
+
+def test_a_prefault_lead_must_be_positive() -> None:
+    with pytest.raises(LadderError, match="lead must be >= 1"):
+        Prefault(Ladder((256,)), lead_tokens=0)
+
+
+def test_shared_max_reports_its_buffers(roles: ModelRoles) -> None:
+    cache = SharedMaxKV(roles, 256, 1024)
+    writer = Writer(roles, 1024)
+    writer.fill_to_capacity(cache)
+    assert sum(size for _, size in cache.spans()) == cache.reserved_bytes
+    migration = cache.grow(512)
+    assert migration.copied_bytes == 0 and writer.matches(cache)

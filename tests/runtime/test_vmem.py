@@ -1,0 +1,146 @@
+"""Anonymous mappings: zero-page reads, page moves without copies, pre-faulting, and the
+pagemap gauge checked against smaps."""
+
+from __future__ import annotations
+
+import gc
+import os
+import struct
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from ovspec.errors import MappingError, RemapUnsupportedError
+from ovspec.runtime import vmem
+
+PAGE = vmem.PAGE_BYTES
+F32 = np.dtype(np.float32)
+
+pytestmark = pytest.mark.skipif(
+    vmem.unsupported_reason() is not None, reason=f"no page mapping: {vmem.unsupported_reason()}"
+)
+
+
+def frames(addr: int, size: int) -> list[int]:
+    """Physical frame numbers (0 unless root: the kernel hides them)."""
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(addr // PAGE * 8)
+        entries = struct.unpack(f"{size // PAGE}Q", f.read(size // PAGE * 8))
+    return [e & ((1 << 55) - 1) for e in entries]
+
+
+def mapped(addr: int) -> bool:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            low, high = (int(x, 16) for x in line.split()[0].split("-"))
+            if low <= addr < high:
+                return True
+    return False
+
+
+def test_reads_commit_nothing_and_writes_commit_pages() -> None:
+    region = vmem.Region(64 * PAGE)
+    array = region.array(0, [64 * PAGE // 4], F32)
+    assert float(array.sum()) == 0.0  # every page read: the zero page
+    assert vmem.resident_bytes([region.span]) == 0
+    assert vmem.smaps_rss_bytes([region.span]) == 0
+    array[:: PAGE // 4 * 8] = 1.0  # one write every 8 pages
+    assert vmem.resident_bytes([region.span]) == 8 * PAGE
+    assert vmem.smaps_rss_bytes([region.span]) == 8 * PAGE
+
+
+def test_a_move_keeps_the_pages_and_leaves_the_source_empty() -> None:
+    src, dst = vmem.Region(8 * PAGE), vmem.Region(16 * PAGE)
+    a = src.array(0, [8 * PAGE // 4], F32)
+    a[:] = np.arange(a.size, dtype=np.float32)
+    before = frames(src.addr, 8 * PAGE)
+    moved = vmem.move_pages([vmem.PageMove(src.addr, dst.addr + 4 * PAGE, 8 * PAGE)])
+    assert moved == 8 * PAGE
+    b = dst.array(4 * PAGE, [8 * PAGE // 4], F32)
+    assert np.array_equal(b, np.arange(b.size, dtype=np.float32))
+    assert frames(dst.addr + 4 * PAGE, 8 * PAGE) == before  # same frames (0s unless root)
+    assert vmem.resident_bytes([dst.span]) == 8 * PAGE
+    assert vmem.resident_bytes([src.span]) == 0
+    assert float(a.sum()) == 0.0  # the source stays mapped and reads zeros
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="physical frame numbers need root")
+def test_a_move_keeps_the_physical_frames() -> None:
+    src, dst = vmem.Region(4 * PAGE), vmem.Region(4 * PAGE)
+    src.array(0, [4 * PAGE // 4], F32)[:] = 1.0
+    before = frames(src.addr, 4 * PAGE)
+    assert all(before)
+    vmem.move_pages([vmem.PageMove(src.addr, dst.addr, 4 * PAGE)])
+    assert frames(dst.addr, 4 * PAGE) == before
+
+
+def test_a_refused_move_puts_the_done_ones_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    regions = [vmem.Region(2 * PAGE) for _ in range(8)]
+    for i, region in enumerate(regions[:4]):
+        region.array(0, [2 * PAGE // 4], F32)[:] = i + 1
+    libc = vmem._libc()
+    real: Callable[[int, int, int, bool], None] = libc.move
+    calls = []
+
+    def flaky(src: int, size: int, dst: int, keep_source: bool) -> None:
+        calls.append(src)
+        if len(calls) == 3:
+            raise MappingError("mremap failed: injected")
+        real(src, size, dst, keep_source)
+
+    monkeypatch.setattr(libc, "move", flaky)
+    moves = [vmem.PageMove(regions[i].addr, regions[i + 4].addr, 2 * PAGE) for i in range(4)]
+    with pytest.raises(MappingError, match="injected"):
+        vmem.move_pages(moves)
+    for i, region in enumerate(regions[:4]):
+        assert np.all(region.array(0, [2 * PAGE // 4], F32) == i + 1)
+    assert vmem.resident_bytes([r.span for r in regions[4:]]) == 0
+
+
+@pytest.mark.parametrize("use_memset", [False, True])
+def test_populate_write_commits_exactly_the_spans(use_memset: bool) -> None:
+    region = vmem.Region(32 * PAGE)
+    # Two spans that start and end inside pages: whole pages are committed.
+    spans = [(region.addr + 100, 3 * PAGE), (region.addr + 16 * PAGE, PAGE // 2)]
+    touched = vmem.populate_write(spans, use_memset=use_memset)
+    assert touched == 4 * PAGE + PAGE
+    assert vmem.resident_bytes([region.span]) == 5 * PAGE
+    assert float(region.array(0, [32 * PAGE // 4], F32).sum()) == 0.0
+
+
+def test_a_view_keeps_its_region_mapped() -> None:
+    region = vmem.Region(PAGE)
+    addr = region.addr
+    view = region.array(0, [4, 8], F32)[1:3]  # a slice of a view still holds the region
+    del region
+    gc.collect()
+    assert mapped(addr)
+    view[:] = 2.0
+    assert float(view.sum()) == 2.0 * 16
+    del view
+    gc.collect()
+    assert not mapped(addr)
+
+
+def test_a_view_must_fit_its_region() -> None:
+    region = vmem.Region(PAGE)
+    with pytest.raises(ValueError, match="exceeds"):
+        region.array(PAGE - 8, [4], F32)
+
+
+@pytest.mark.parametrize(
+    ("sys_platform", "machine", "lib", "message"),
+    [
+        ("darwin", "arm64", None, "needs Linux"),
+        ("win32", "AMD64", None, "needs Linux"),
+        ("linux", "mips64", None, "not of mips64"),
+        ("linux", "x86_64", object(), "lacks mmap, munmap, mremap, madvise"),
+    ],
+)
+def test_unsupported_platforms_say_why(
+    sys_platform: str, machine: str, lib: object, message: str
+) -> None:
+    with pytest.raises(RemapUnsupportedError, match=message):
+        vmem._load(sys_platform, machine, lib)
+    assert RemapUnsupportedError.exit_code == 2

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""KV-layout benchmark: remap against copy-and-grow (with and without pre-fault), one run.
+
+Part 1 grows a cache shaped like the model's KV across a ladder of boundaries (bytes
+copied, time, the pre-faulted copy against memcpy). Part 2 decodes one token sequence
+with every layout in lockstep through the real graphs (physical and reserved KV over
+the run, decode speed per band, logits). Writes the page docs/benchmarks/kv.md, its
+plot and a JSON document; asserts nothing on time.
+
+    python tools/bench_kv.py                  # the page's figures (0.5B-shaped model)
+    python tools/bench_kv.py --model builtin:tiny --boundary-ladder 64,128,256,512,1024 \\
+        --ladder 64,128,256,512 --prompt-tokens 16 --repetitions 3 --out /tmp/kv.md
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ovspec.bench.build_records import DEFAULT_MODELS_DIR
+from ovspec.bench.kvbench import DECODE_ARMS, DecodeConfig, run_boundaries, run_decode
+from ovspec.bench.kvbench_report import (
+    environment,
+    load_average,
+    render,
+    results_document,
+    write_plot,
+)
+from ovspec.cli.options import chunk_option, device_options
+from ovspec.errors import OvspecError
+from ovspec.ladder import Ladder
+
+DEFAULT_OUT = Path("docs/benchmarks/kv.md")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--model",
+    "model_reference",
+    default="builtin:qwen2.5-0.5b",
+    show_default=True,
+    help="Model folder, or builtin:PRESET (written once under --models-dir).",
+)
+@click.option(
+    "--models-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_MODELS_DIR,
+    show_default=True,
+    help="Where built-in models are written and reused; its store/ keeps compiled graphs.",
+)
+@click.option(
+    "--boundary-ladder",
+    default="256,512,1024,2048,4096,8192",
+    show_default=True,
+    help="Capacities whose boundaries part 1 grows across.",
+)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(min=1),
+    default=9,
+    show_default=True,
+    help="Samples per boundary and arm in part 1.",
+)
+@click.option(
+    "--ladder",
+    "ladder_text",
+    default="64,128,256,512,640,768,896,1024",
+    show_default=True,
+    help="The decode run's ladder (page-aligned for remap); the direct graph is its top. "
+    "Fine steps at the top show copy-and-grow's old + new buffers above the direct graph's.",
+)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--prefault-lead", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option(
+    "--direct/--no-direct",
+    default=True,
+    show_default=True,
+    help="Decode the direct (B0) graph too in part 2.",
+)
+@chunk_option
+@device_options
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_OUT,
+    show_default=True,
+    help="The page to write; its plot (.png) goes beside it, its results to results/*.json.",
+)
+@click.option(
+    "--render-only",
+    is_flag=True,
+    help="Only render the page again from its saved results (after a text change).",
+)
+def main(
+    model_reference: str,
+    models_dir: Path,
+    boundary_ladder: str,
+    repetitions: int,
+    ladder_text: str,
+    prompt_tokens: int,
+    prefault_lead: int,
+    direct: bool,
+    chunk_tokens: int,
+    device: str,
+    config: tuple[tuple[str, str], ...],
+    seed: int,
+    out: Path,
+    render_only: bool,
+) -> None:
+    """Benchmark the KV layouts; progress to stderr, the page to --out."""
+    if render_only:
+        render_saved(out)
+        return
+    from ovspec.ir.model_dir import resolve_model
+    from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+    from ovspec.ir.specialize import prepare, read_ir
+
+    command = shlex.join(["python", "tools/bench_kv.py", *sys.argv[1:]])
+    started = time.perf_counter()
+    loads = [load_average()]
+
+    def say(message: str) -> None:
+        click.echo(f"[{time.perf_counter() - started:7.1f} s] {message}", err=True)
+
+    try:
+        model_dir = resolve_model(model_reference, models_dir / "models")
+        roles = prepare(read_ir(model_dir.xml_path)).roles
+        samples = run_boundaries(roles, Ladder.parse(boundary_ladder), repetitions, say)
+        properties = dict(config) or (dict(EXACT_CPU_PROPERTIES) if device == "CPU" else {})
+        arms = tuple(a for a in DECODE_ARMS if direct or a != "direct (B0)")
+        decode_config = DecodeConfig(
+            model=model_dir.root,
+            ladder=Ladder.parse(ladder_text),
+            prompt_tokens=prompt_tokens,
+            prefill_chunk_tokens=chunk_tokens,
+            properties=properties,
+            store=models_dir / "store",
+            seed=seed,
+            prefault_lead_tokens=prefault_lead,
+            arms=arms,
+        )
+        run = run_decode(decode_config, say)
+    except OvspecError as exc:
+        click.echo(f"bench_kv: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    loads.append(load_average())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot = write_plot(run, out.with_suffix(".png"))
+    results = results_document(
+        command,
+        environment(),
+        (loads[0], loads[1]),
+        model_reference,
+        samples,
+        boundary_ladder,
+        repetitions,
+        run,
+        plot.name,
+        time.perf_counter() - started,
+    )
+    saved = results_path(out)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    out.write_text(render(results), encoding="utf-8")
+    say(f"wrote {out}, {plot}, {saved}")
+
+
+def results_path(page: Path) -> Path:
+    """Where a page's results document lives: results/<page>.json beside the page."""
+    return page.parent / "results" / f"{page.stem}.json"
+
+
+def render_saved(out: Path) -> None:
+    """Render the page again from its saved results (the plot is left as it is)."""
+    saved = results_path(out)
+    if not saved.is_file():
+        click.echo(f"bench_kv: error: no saved results at {saved}; run the benchmark", err=True)
+        sys.exit(2)
+    out.write_text(render(json.loads(saved.read_text(encoding="utf-8"))), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
