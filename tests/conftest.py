@@ -54,8 +54,9 @@ def _no_remote_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
     """One real S3 server (SeaweedFS on 127.0.0.1) for the session; tests isolate
     themselves by prefix (tests/s3server.py)."""
-    from ovspec.testing.seaweed import SeaweedServer
     from s3server import BUCKET
+
+    from ovspec.testing.seaweed import SeaweedServer
 
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed")).start()
     try:

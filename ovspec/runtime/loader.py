@@ -1,11 +1,12 @@
 """The lazy loader a decode runtime calls one step ahead.
 
 ``get(spec)`` returns a compiled specialization from memory, else the store (and its
-remote tier: a fetch is preferred to a compile), else a compile, blocking only when it must; ``prefetch(spec)`` queues the same work on one
-background worker. A policy decides what is compiled when: ``eager`` (every rung
-before the first token), ``one_ahead`` (the first rung in the foreground, then one
-successor in the background after each switch, earlier when a deadline plan says a
-window is too short) and ``on_demand`` (compile at the boundary: the stall baseline).
+remote tier: a fetch is preferred to a compile), else a compile, blocking only when
+it must; ``prefetch(spec)`` queues the same work on one background worker. A policy
+decides what is compiled when: ``eager`` (every rung before the first token),
+``one_ahead`` (the first rung in the foreground, then one successor in the background
+after each switch, earlier when a deadline plan says a window is too short) and
+``on_demand`` (compile at the boundary: the stall baseline).
 Every compile, import, hit and wait is an event with times relative to ``open``.
 """
 
