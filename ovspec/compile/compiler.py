@@ -240,7 +240,8 @@ class Compiler:
             if entry is not None and entry.components == key.components:
                 self._remember_roles(entry.metadata)
             elif self.store.tier is not None:  # the remote's verified manifest records them
-                self._remember_roles(self.store.tier.metadata(key) or {})
+                manifest = self.store.tier.manifest(key)
+                self._remember_roles(manifest.metadata if manifest is not None else {})
             if self._roles is not None:
                 return self._roles
         return self.llm().roles

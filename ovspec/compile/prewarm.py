@@ -124,7 +124,7 @@ def check_model(plan: BuildPlan) -> DynamicLLM:
     return prepare_model(plan.model, plan.compression)
 
 
-def _compiler(
+def plan_compiler(
     plan: BuildPlan, store: Store, memo: DigestMemo | None = None, llm: DynamicLLM | None = None
 ) -> Compiler:
     return Compiler(
@@ -146,7 +146,7 @@ def all_stored(plan: BuildPlan, store: Store) -> bool:
     compressed) model. Counts nothing and writes nothing: the model's files are hashed
     in memory (reading the on-disk digest memo would update it, and bad input must
     leave the store as it was)."""
-    compiler = _compiler(plan, store, memo=DigestMemo(None))
+    compiler = plan_compiler(plan, store, memo=DigestMemo(None))
     tier = store.tier
     try:
         return all(
@@ -164,7 +164,7 @@ def run_build(
     llm: DynamicLLM | None = None,
 ) -> BuildReport:
     """Build every specialization of ``plan`` into ``store``."""
-    compiler = _compiler(plan, store, llm=llm)
+    compiler = plan_compiler(plan, store, llm=llm)
     specs = plan.specializations()
     began = time.perf_counter()
     try:

@@ -36,6 +36,7 @@ from ovspec.store import index as counters
 from ovspec.store.files import unlink
 from ovspec.store.index import INDEX_ERRORS
 from ovspec.store.keys import BlobKey
+from ovspec.store.manifest import Manifest
 from ovspec.store.records import BlobOutcome, ProducedBlob, StoreWarning
 from ovspec.store.remote import PublishOutcome, Remote
 
@@ -113,6 +114,9 @@ class Tier:
         self._uploads: list[Future[None]] = []
         self._upload_error: RemoteError | None = None
         self._closed = False
+        # This process's uploads (the index counts every process's).
+        self.uploaded = 0
+        self.uploaded_bytes = 0
 
     @property
     def down(self) -> str | None:
@@ -257,27 +261,16 @@ class Tier:
             self._failed("working", exc)
             return False
 
-    def metadata(self, key: BlobKey) -> Mapping[str, str] | None:
-        """The verified manifest's metadata of ``key``; None if absent or failed."""
+    def manifest(self, key: BlobKey) -> Manifest | None:
+        """The remote's verified manifest of ``key`` (its compile time, payload size and
+        metadata); None if absent, or failed (warned)."""
         if self._down is not None:
             return None
         try:
-            manifest = self.remote.manifest(key)
+            return self.remote.manifest(key)
         except RemoteError as exc:
             self._failed("working", exc)
             return None
-        return None if manifest is None else manifest.metadata
-
-    def size_bytes(self, key: BlobKey) -> int | None:
-        """The payload size the remote's verified manifest of ``key`` records."""
-        if self._down is not None:
-            return None
-        try:
-            manifest = self.remote.manifest(key)
-        except RemoteError as exc:
-            self._failed("working", exc)
-            return None
-        return None if manifest is None else manifest.payload.size_bytes
 
     # -- uploads --------------------------------------------------------------------------
 
@@ -322,6 +315,9 @@ class Tier:
         with open(fd, "rb") as file:
             published = self.remote.publish(key, file, compile_s, metadata, expected_xxh3=checksum)
         seconds = time.perf_counter() - began
+        with self._lock:
+            self.uploaded += published.outcome is PublishOutcome.PUBLISHED
+            self.uploaded_bytes += published.uploaded_bytes
         if published.outcome is PublishOutcome.PUBLISHED:
             self._count(counters.STAT_REMOTE_UPLOADS)
         if published.uploaded_bytes:
