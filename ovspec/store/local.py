@@ -434,19 +434,7 @@ class Store:
         """Remove the entry with this full hex; False if there is none."""
         self.require_writable("remove an entry")
         with self.locked_io("remove an entry"):
-            if not self.index.has_row(hex_):
-                return False
-            lock = self.key_lock(hex_)
-            try:
-                lock.acquire(blocking=True, policy=self.lock_policy)
-            except LockTimeout as exc:
-                raise StoreError(
-                    f"blob store {self.root}: cannot remove {hex_[:12]}: {exc}"
-                ) from exc
-            try:
-                return self.delete_entry_files(hex_)
-            finally:
-                lock.release()
+            return maintenance.remove(self, hex_)
 
     @contextlib.contextmanager
     def locked_io(self, what: str) -> Iterator[None]:
