@@ -21,7 +21,9 @@ from ovspec.errors import BadRequestError
 # page name -> "module:function" rendering a results document into Markdown; a new
 # benchmark page adds its line. Imported lazily: a renderer may pull in heavy modules
 # the others do not need.
-RENDERERS: dict[str, str] = {}
+RENDERERS: dict[str, str] = {
+    "remote": "ovspec.bench.remote_bench:render",
+}
 
 RESULTS_FOLDER = "results"
 
