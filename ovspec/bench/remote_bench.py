@@ -343,8 +343,8 @@ def render(results: Mapping[str, Any]) -> str:
         f"{cfg['phases']} (chunk {cfg['chunk_tokens']}), weightless blobs; a "
         f"{cfg['prompt_tokens']}-token prompt, one new token. Each run is a fresh "
         "`ovspec generate` process, timed from spawn to the first byte of its token on "
-        f"stdout; {n} repeat{'' if n == 1 else 's'}, the three arms in rotated order (a 3×3 Latin square). Every "
-        "run printed the same token.",
+        f"stdout; {n} repeat{'' if n == 1 else 's'}, the three arms in rotated order "
+        "(a 3×3 Latin square). Every run printed the same token.",
         "",
         "| arm | spawn → first token, s: median (min–max) | compiled | fetched |",
         "|---|---|---|---|",
