@@ -19,7 +19,7 @@ import ovspec.runtime.decoding as decoding
 from ovspec.compile import compiler as compiler_module
 from ovspec.compile.compiler import Compiler
 from ovspec.compile.prewarm import BuildPlan, BuildReport, run_build
-from ovspec.errors import RemoteUnavailableError
+from ovspec.errors import BadRequestError, RemoteUnavailableError
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
@@ -293,3 +293,18 @@ def test_push_and_pull_report_each_key(
     down = machine(machines, tmp_path / "c", down_remote())
     assert down.tier is not None
     assert down.tier.pull(fake_key("x"), None).status is TransferStatus.UNAVAILABLE
+
+
+def test_open_takes_a_remote_from_its_argument_or_the_environment(
+    seaweed: SeaweedServer, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    remote = remote_for(seaweed, new_prefix())
+    with decoding.open(tiny_dir, LADDER, store=tmp_path / "s", remote=remote) as loader:
+        tier = loader.compiler.store.tier
+        assert tier is not None and tier.remote is remote
+    monkeypatch.setenv("OVSPEC_REMOTE", "s3://team-cache/from-env")
+    with decoding.open(tiny_dir, LADDER, store=tmp_path / "s") as loader:
+        tier = loader.compiler.store.tier
+        assert tier is not None and tier.remote.url == "s3://team-cache/from-env"
+    with Store(tmp_path / "t") as store, pytest.raises(BadRequestError, match="give remote="):
+        decoding.open(tiny_dir, LADDER, store=store, remote=remote)
