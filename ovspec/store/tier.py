@@ -305,6 +305,8 @@ class Tier:
         except (OSError, ValueError) as exc:
             # Evicted, removed or changed since its commit: nothing verified to upload.
             log.debug("not uploading %s: %s", key.hex[:12], exc)
+        except Exception as exc:  # a bug, or a client error of a kind not mapped yet
+            self._warn(f"upload of blob {key.hex[:12]} to {self.remote.url} failed ({exc!r})")
 
     def _upload(
         self, key: BlobKey, path: Path, checksum: str, compile_s: float, metadata: Mapping[str, str]
