@@ -97,3 +97,20 @@ def test_remote_urls() -> None:
 def test_open_remote_contacts_nothing(tmp_path: Path) -> None:
     remote = open_remote(RemoteConfig("s3://abc/p", read_only=True), {}, tmp_path)
     assert remote.read_only and remote.url == "s3://abc/p" and remote.keys is None
+
+
+def test_obstore_is_imported_only_when_a_remote_is_configured() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, ovspec.cli.commands, ovspec.runtime.decoding, ovspec.store.local\n"
+        "from ovspec.store.local import Store\n"
+        "import tempfile; Store(tempfile.mkdtemp()).close()\n"
+        "assert 'obstore' not in sys.modules, 'obstore imported without a remote'\n"
+        "from ovspec.store.remote import RemoteConfig, open_remote\n"
+        "open_remote(RemoteConfig('s3://abc/p'), {})\n"
+        "assert 'obstore' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
