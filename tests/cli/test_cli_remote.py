@@ -142,6 +142,26 @@ def test_plan_models_a_fetch_once_the_store_has_measured_one(
     after = doc(run(env, *plan))
     assert all(r["fetch_s"] is not None for r in after["rungs"])  # type: ignore[union-attr]
     assert [x["source"] for x in after["plan"]["boundaries"]] == ["fetch"]  # type: ignore[index]
+    # --measure on a fresh machine fetches each rung, and times the fetch it made.
+    measured = doc(
+        run(
+            env,
+            "plan",
+            str(tiny_dir),
+            *LADDER,
+            "--prompt-tokens",
+            "8",
+            "--measure",
+            "--measure-steps",
+            "2",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--json",
+        )
+    )
+    for rung in measured["rungs"]:  # type: ignore[union-attr]
+        assert rung["measured"]["fetched"] and rung["fetch_s"] is not None
+        assert rung["compile_s"] > rung["measured"]["import_s"]  # the compile it replaced
 
 
 def test_bad_remote_settings_are_one_line(tiny_dir: Path, tmp_path: Path) -> None:
