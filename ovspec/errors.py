@@ -77,6 +77,28 @@ class StoreError(OvspecError):
     exit_code = 2
 
 
+class RemoteError(StoreError):
+    """The shared remote tier failed. Callers fail open (one warning, then compile)
+    unless strict: a remote can only lose a hit, never fail a build."""
+
+
+class RemoteUnavailableError(RemoteError):
+    """The remote cannot be reached (refused, timed out, 5xx) or refused the credentials."""
+
+
+class RemoteIntegrityError(RemoteError):
+    """The remote sent something its manifest does not vouch for, or a bad manifest."""
+
+
+class RemoteSignatureError(RemoteIntegrityError):
+    """A manifest is unsigned, signed with an unknown key, or its signature does not match,
+    and this client holds a signing key."""
+
+
+class RemoteReadOnlyError(RemoteError):
+    """A write was asked of a remote this client may only read."""
+
+
 class CompileError(OvspecError):
     """OpenVINO failed to compile or import a specialization."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import openvino as ov
 import pytest
@@ -13,6 +14,9 @@ import pytest
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir
 from ovspec.store.local import Store
+
+if TYPE_CHECKING:
+    from ovspec.testing.seaweed import SeaweedServer
 
 DATA = Path(__file__).parent / "data"
 FIXTURE_NAMES = ("qwen2", "llama")
@@ -35,6 +39,31 @@ class DirectPrograms:
 
     def release(self, spec: Specialization) -> None:
         pass  # tests keep every graph
+
+
+@pytest.fixture(autouse=True)
+def _no_remote_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's OVSPEC_REMOTE or AWS_* settings must not reach the suite (obstore
+    reads AWS_* itself); tests that want them set them."""
+    for name in list(os.environ):
+        if name.startswith(("OVSPEC_REMOTE", "AWS_")):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """One real S3 server (SeaweedFS on 127.0.0.1) for the session; tests isolate
+    themselves by prefix (tests/s3server.py)."""
+    from s3server import BUCKET
+
+    from ovspec.testing.seaweed import SeaweedServer
+
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed")).start()
+    try:
+        server.create_bucket(BUCKET)
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

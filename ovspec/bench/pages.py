@@ -23,6 +23,7 @@ from ovspec.errors import BadRequestError
 # the others do not need.
 RENDERERS: dict[str, str] = {
     "kv": "ovspec.bench.kvbench_report:render",
+    "remote": "ovspec.bench.remote_bench:render",
 }
 
 RESULTS_FOLDER = "results"

@@ -19,8 +19,10 @@ from ovspec.cli.options import (
     emit_json,
     json_option,
     ladder_option,
+    open_store,
     phases_option,
     progress,
+    remote_options,
 )
 from ovspec.cli.units import human_bytes
 from ovspec.ir.compression import Compression
@@ -28,6 +30,7 @@ from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
     from ovspec.compile.compiler import BuildOutcome
+    from ovspec.store.remote import RemoteConfig
 
 
 @cli.command()
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 )
 @blob_mode_option
 @cache_dir_option
+@remote_options
 @json_option
 def build(
     model: str,
@@ -58,13 +62,15 @@ def build(
     jobs: int,
     blob_mode: str,
     cache_dir: Path | None,
+    remote: RemoteConfig | None,
     as_json: bool,
 ) -> None:
     """Compile MODEL's specializations into the store (MODEL: folder, .gguf or builtin:PRESET).
 
     A second run with the same arguments is all hits and compiles nothing (it does not
-    even read or compress the model). Rows print as each specialization lands; the
-    summary's wall time is the whole command's.
+    even read or compress the model). With --remote, a blob another machine uploaded is
+    fetched instead of compiled, and what is compiled here is uploaded. Rows print as
+    each specialization lands; the summary's wall time is the whole command's.
     """
     started = time.perf_counter()
     from ovspec.compile.compiler import BlobMode
@@ -82,7 +88,7 @@ def build(
     root = cache_dir if cache_dir is not None else Store.default_root()
     # Validate before the store is opened, so bad input leaves it untouched; a built-in
     # model or a GGUF file is the exception: its IR is written into the store's models/.
-    store = Store(root) if writes_into_store(model) else None
+    store = open_store(root, remote) if writes_into_store(model) else None
     model_dir = resolve_model(model, store.models_folder if store else root / "models")
     plan = BuildPlan(
         model=model_dir,
@@ -97,11 +103,11 @@ def build(
     )
     check_device(plan)
     if store is None and (root / "FORMAT").is_file():
-        store = Store(root)
+        store = open_store(root, remote)
     # Preparing the model (reading, compressing, stateless) validates it, and costs
     # seconds on a large model: skip it when every specialization is stored already.
     llm = None if store is not None and all_stored(plan, store) else check_model(plan)
-    store = store or Store(root)
+    store = store or open_store(root, remote)
     specs = plan.specializations()
     if not as_json:
         click.echo(f"model  {model_dir.root}")
@@ -112,7 +118,7 @@ def build(
         if as_json:
             return
         click.echo(
-            f"{o.spec.label:<22} {o.key_hex[:12]:<14} {'hit' if o.hit else 'miss':<5} "
+            f"{o.spec.label:<22} {o.key_hex[:12]:<14} {_source(o):<5} "
             f"{o.compile_s:>10.3f} {human_bytes(o.blob_bytes):>12}"
         )
         sys.stdout.flush()  # a row per specialization as it lands, also through a pipe
@@ -123,6 +129,9 @@ def build(
                 report = run_build(plan, store, on_outcome=lambda _: advance(1), llm=llm)
         else:
             report = run_build(plan, store, on_outcome=landed, llm=llm)
+        tier = store.tier
+        if tier is not None:
+            tier.wait_for_uploads()  # failures warned; the local build stands
     finally:
         store.close()
     wall_s = time.perf_counter() - started
@@ -134,6 +143,7 @@ def build(
                 "device": device,
                 "ladder": list(ladder),
                 "cache_dir": str(root),
+                "remote": tier.remote.url if tier is not None else None,
                 "entries": [
                     {
                         "specialization": o.spec.label,
@@ -142,6 +152,8 @@ def build(
                         "chunk_tokens": o.spec.chunk_tokens,
                         "key": o.key_hex,
                         "hit": o.hit,
+                        "fetched": o.fetched,
+                        "fetch_s": round(o.fetch_s, 6),
                         "compile_s": round(o.compile_s, 6),
                         "export_s": round(o.export_s, 6),
                         "wait_s": round(o.wait_s, 6),
@@ -151,6 +163,10 @@ def build(
                 ],
                 "totals": {
                     "hits": report.hits,
+                    "fetched": report.fetched,
+                    "fetched_bytes": report.fetched_bytes,
+                    "uploaded": tier.uploaded if tier is not None else 0,
+                    "uploaded_bytes": tier.uploaded_bytes if tier is not None else 0,
                     "misses": report.misses,
                     "compile_s": round(report.compile_s, 6),
                     "saved_s": round(report.saved_s, 6),
@@ -161,8 +177,20 @@ def build(
             }
         )
         return
+    fetched = f"{report.fetched} fetched, " if report.fetched else ""
     click.echo(
-        f"{report.hits} hits, {report.misses} misses; compiled {report.compile_s:.2f} s, "
+        f"{report.hits} hits, {fetched}{report.misses} misses; compiled {report.compile_s:.2f} s, "
         f"saved {report.saved_s:.2f} s; {human_bytes(report.blob_bytes)} of blobs; "
         f"wall {wall_s:.2f} s (building {report.wall_s:.2f} s)"
     )
+    if tier is not None:
+        click.echo(
+            f"remote {tier.remote.url}: fetched {human_bytes(report.fetched_bytes)}, uploaded "
+            f"{tier.uploaded} ({human_bytes(tier.uploaded_bytes)})"
+            + (f"; not used: {tier.down}" if tier.down else "")
+        )
+
+
+def _source(outcome: BuildOutcome) -> str:
+    """Where a specialization came from: the local store, the remote tier, a compile."""
+    return "hit" if outcome.hit else "fetch" if outcome.fetched else "miss"

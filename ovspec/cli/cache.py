@@ -146,7 +146,8 @@ def ls(cache_dir: Path | None, as_json: bool) -> None:
 @_cache_dir_option
 @_json_option
 def stats(cache_dir: Path | None, as_json: bool) -> None:
-    """Hits, misses, compile seconds saved, bytes on disk, evictions."""
+    """Hits, misses, compile seconds saved, bytes on disk, evictions; with a remote tier,
+    its hits, the bytes moved each way and the seconds the fetches saved."""
     with _open(cache_dir) as store:
         s = store.stats()
         used = store.usage()
@@ -173,6 +174,27 @@ def stats(cache_dir: Path | None, as_json: bool) -> None:
             ("evictions", str(s.evictions)),
             ("quarantined", str(s.quarantined)),
         ]
+        r = s.remote
+        if r.hits or r.misses or r.uploads or r.refused or r.failures:
+            bandwidth = r.fetch_bytes_per_s
+            lines += [
+                ("remote hits", f"{r.hits} (misses {r.misses}, refused {r.refused})"),
+                (
+                    "fetched",
+                    f"{human_bytes(r.fetched_bytes)} in {r.fetch_s:.2f} s"
+                    + (f" ({bandwidth / 1e6:.1f} MB/s)" if bandwidth else ""),
+                ),
+                (
+                    "uploaded",
+                    f"{r.uploads} blobs, {human_bytes(r.uploaded_bytes)} in {r.upload_s:.2f} s",
+                ),
+                (
+                    "remote saved",
+                    f"{r.saved_s:.2f} s ({r.saved_compile_s:.2f} s of compiles "
+                    f"replaced by {r.fetch_s:.2f} s of fetches)",
+                ),
+                ("unreachable", f"{r.failures} times"),
+            ]
         for name, value in lines:
             click.echo(f"{name:<12} {value}")
 

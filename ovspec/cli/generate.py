@@ -23,6 +23,8 @@ from ovspec.cli.options import (
     emit_json,
     json_option,
     ladder_option,
+    open_store,
+    remote_options,
 )
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
@@ -30,6 +32,7 @@ from ovspec.ladder import Ladder
 if TYPE_CHECKING:
     from ovspec.runtime.generation import Generation
     from ovspec.runtime.textcodec import TextStream
+    from ovspec.store.remote import RemoteConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -143,6 +146,7 @@ def sampling_options(func: F) -> F:
 )
 @device_options
 @cache_dir_option
+@remote_options
 @click.option("--ignore-eos", is_flag=True, help="Generate --max-new-tokens even past EOS.")
 @sampling_options
 @json_option
@@ -159,6 +163,7 @@ def generate(
     device: str,
     config: tuple[tuple[str, str], ...],
     cache_dir: Path | None,
+    remote: RemoteConfig | None,
     ignore_eos: bool,
     do_sample: bool,
     temperature: float,
@@ -195,7 +200,7 @@ def generate(
     root = cache_dir if cache_dir is not None else Store.default_root()
     # As in build: validate before the store is opened, except for a built-in model or
     # a GGUF file, whose IR is written into the store's models/ folder.
-    store = Store(root) if writes_into_store(model) else None
+    store = open_store(root, remote) if writes_into_store(model) else None
     try:
         model_dir = resolve_model(model, store.models_folder if store else root / "models")
         codec = TextCodec.for_model(model_dir, model)
@@ -219,7 +224,7 @@ def generate(
             repetition_penalty=repetition_penalty,
             rng_seed=rng_seed,
         )
-        store = store or Store(root)
+        store = store or open_store(root, remote)
         write = _Writer(codec.stream() if codec.can_decode else None, quiet=as_json)
         warnings.simplefilter("ignore", KVLayoutWarning)  # the summary carries its note
         with open_loader(

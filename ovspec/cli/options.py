@@ -7,12 +7,13 @@ validation error becomes click's usage error (exit 2, one line).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -20,6 +21,10 @@ from ovspec.cli import error_text
 from ovspec.errors import OvspecError
 from ovspec.ir.compression import Compression
 from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
+
+if TYPE_CHECKING:
+    from ovspec.store.local import Store
+    from ovspec.store.remote import RemoteConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -178,6 +183,66 @@ def cache_dir_option(func: F) -> F:
         show_envvar=True,
         help="Store folder (default: the platform's user cache folder for ovspec).",
     )(func)
+
+
+def remote_options(func: F) -> F:
+    """``--remote`` and its two companions, passed on as one ``remote: RemoteConfig | None``."""
+    from ovspec.store.remote import ENV_KEY_FILE, ENV_READ_ONLY, ENV_REMOTE, RemoteConfig
+
+    @functools.wraps(func)
+    def wrapper(
+        *args: Any,
+        remote_url: str | None,
+        remote_read_only: bool,
+        remote_key_file: Path | None,
+        **kwargs: Any,
+    ) -> Any:
+        remote = (
+            RemoteConfig(remote_url, read_only=remote_read_only, key_file=remote_key_file)
+            if remote_url
+            else None
+        )
+        return func(*args, remote=remote, **kwargs)
+
+    options = [
+        click.option(
+            "--remote",
+            "remote_url",
+            metavar="s3://BUCKET/PREFIX",
+            envvar=ENV_REMOTE,
+            show_envvar=True,
+            default=None,
+            help="A shared remote tier behind the store: local misses fetch from it, compiles "
+            "upload to it. Endpoint and credentials: AWS_* variables or ~/.aws files.",
+        ),
+        click.option(
+            "--remote-read-only",
+            is_flag=True,
+            envvar=ENV_READ_ONLY,
+            show_envvar=True,
+            help="Fetch from the remote, never upload to it.",
+        ),
+        click.option(
+            "--remote-key-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            envvar=ENV_KEY_FILE,
+            show_envvar=True,
+            default=None,
+            help="Manifest signing keys (KEY_ID:HEX_SECRET lines, mode 600): uploads are "
+            "signed, and unsigned or mismatched manifests refused.",
+        ),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper  # type: ignore[return-value]
+
+
+def open_store(root: Path, remote: RemoteConfig | None, **kwargs: Any) -> Store:
+    """The store at ``root``, with the remote tier ``remote`` behind it if one is given."""
+    from ovspec.store.local import Store
+    from ovspec.store.remote import open_remote
+
+    return Store(root, remote=open_remote(remote) if remote is not None else None, **kwargs)
 
 
 def json_option(func: F) -> F:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,12 +21,17 @@ from ovspec.cli.options import (
     emit_json,
     json_option,
     ladder_option,
+    open_store,
+    remote_options,
 )
 from ovspec.errors import OvspecError
 from ovspec.ir.compression import Compression
 from ovspec.ladder import Ladder
 from ovspec.runtime.costs import DEFAULT_MEASURE_STEPS
 from ovspec.runtime.plan import Plan, RungCosts, RungValues
+
+if TYPE_CHECKING:
+    from ovspec.store.remote import RemoteConfig
 
 DEFAULT_PROMPT_TOKENS = 128
 DEFAULT_CHUNK_TOKENS = 128
@@ -116,6 +121,7 @@ RUNG_VALUES = RungValuesType()
     "a rung when the window before it is shorter than its compile.",
 )
 @cache_dir_option
+@remote_options
 @json_option
 def plan(
     model: str,
@@ -134,13 +140,16 @@ def plan(
     no_early_start: bool,
     rule: str,
     cache_dir: Path | None,
+    remote: RemoteConfig | None,
     as_json: bool,
 ) -> None:
     """Predict, per boundary, T_compile(next rung) against T_decode(window) for a
     request on MODEL (folder or builtin:PRESET), and where one-ahead would stall.
 
     A boundary is stall-free when the next rung's program is ready before decode
-    reaches it. MODEL is read only when a cost comes from the store or --measure.
+    reaches it. MODEL is read only when a cost comes from the store or --measure. With
+    --remote, a rung the remote holds costs its fetch (bytes / the fetch bandwidth the
+    store measured) instead of its compile: the loader prefers a fetch.
     """
     from ovspec.runtime.costs import history, measure
     from ovspec.runtime.plan import conclusion, plan_one_ahead, rungs_needed
@@ -167,6 +176,7 @@ def plan(
     prefill_compile_s = 0.0
     prefill_s = 0.0
     prefill_note = "prefill graph: not in --compile-s, counted 0"
+    fetch_s: dict[int, float] = {}
     model_root: str | None = None
     if compile_s is not None:
         sources["compile"] = "--compile-s"
@@ -178,7 +188,7 @@ def plan(
         from ovspec.store.local import Store
 
         root = cache_dir if cache_dir is not None else Store.default_root()
-        store = Store(root)
+        store = open_store(root, remote)
         try:
             model_dir = resolve_model(model, root / "models")
             model_root = str(model_dir.root)
@@ -214,6 +224,8 @@ def plan(
                         "decode_s_per_token": m.decode_s_per_token,
                         "decode_mean_s_per_token": m.decode_mean_s_per_token,
                         "steps": m.steps,
+                        "fetched": m.fetched,
+                        "fetch_s": m.fetch_s,
                     }
                 prefill_s = measured.prefill_s
                 decode_s = {m.capacity_tokens: m.decode_s_per_token for m in measured.rungs}
@@ -222,7 +234,9 @@ def plan(
                     f"prefill of {prompt_tokens} tokens {prefill_s:.3f} s"
                 )
                 if compile_s is None:
-                    compile_s = {m.capacity_tokens: m.ready_s for m in measured.rungs}
+                    costs_measured = measured.costs()
+                    compile_s = dict(costs_measured.compile_s)
+                    fetch_s = dict(costs_measured.fetch_s)
                     prefill_compile_s = measured.prefill_compile_s
                     prefill_note = f"{measured.prefill_label} {prefill_compile_s:.3f} s measured"
                     sources["compile"] = (
@@ -243,14 +257,18 @@ def plan(
                 finally:
                     compiler.close()
                 compile_s = recorded.compile_s()
+                fetch_s = recorded.fetch_s()
                 for r, record in recorded.decode.items():
                     details[r]["history"] = {
                         "key": record.key_hex,
                         "compile_s": record.compile_s,
                         "export_s": record.export_s,
+                        "blob_bytes": record.blob_bytes,
+                        "on_remote": record.on_remote,
                     }
-                if recorded.prefill is not None:
-                    prefill_compile_s = recorded.prefill.build_s
+                prefill_ready = recorded.prefill_ready_s()
+                if recorded.prefill is not None and prefill_ready is not None:
+                    prefill_compile_s = prefill_ready
                     prefill_note = f"{recorded.prefill.label} {prefill_compile_s:.3f} s"
                 else:
                     prefill_note = "prefill graph: not in the history, counted 0"
@@ -258,10 +276,19 @@ def plan(
                     "store history: recorded compile + export (import not measured; "
                     "--measure adds it)"
                 )
+                if store.tier is not None:
+                    on_remote = [r for r, rec in recorded.decode.items() if rec.on_remote]
+                    rate = recorded.fetch_bytes_per_s
+                    sources["fetch"] = f"{len(on_remote)} rungs on {store.tier.remote.url}; " + (
+                        f"fetch = bytes / {rate / 1e6:.1f} MB/s (this store's past fetches)"
+                        if rate
+                        else "no fetch measured by this store yet, so fetches are not "
+                        "modelled (`ovspec cache pull` or --measure measures one)"
+                    )
         finally:
             store.close()
     assert compile_s is not None and decode_s is not None
-    costs = RungCosts(compile_s, decode_s, prefill_compile_s, prefill_s)
+    costs = RungCosts(compile_s, decode_s, prefill_compile_s, prefill_s, fetch_s)
     chosen = EarlyStartRule(rule.replace("-", "_"))
     one_ahead = plan_one_ahead(ladder, prompt_tokens, new, costs, early_start=False)
     planned: Plan | None = None
@@ -292,6 +319,7 @@ def plan(
                     {
                         "capacity_tokens": r,
                         "compile_s": costs.compile_s.get(r),
+                        "fetch_s": costs.fetch_s.get(r),
                         "decode_s_per_token": costs.decode_s_per_token.get(r),
                         "window_s": shown.window_s.get(r),
                         **details[r],
@@ -336,21 +364,26 @@ def _echo_text(
         f"{shown.ladder}, device {device}"
     )
     click.echo(f"compile  {sources['compile']}")
+    if "fetch" in sources:
+        click.echo(f"fetch    {sources['fetch']}")
     click.echo(f"decode   {sources['decode']}")
     early = f"on ({shown.rule.value.replace('_', '-')} rule)" if shown.early_start else "off"
     click.echo(f"early start {early}")
     click.echo("")
+    fetches = bool(costs.fetch_s)  # the column shows only with a remote that has rungs
     rung_rows = [
         [
             str(r),
             f"{costs.compile_s[r]:.3f}" if r in costs.compile_s else "-",
+            *([f"{costs.fetch_s[r]:.3f}" if r in costs.fetch_s else "-"] if fetches else []),
             f"{costs.decode_s_per_token[r] * 1000:.3f}" if r in costs.decode_s_per_token else "-",
             f"{shown.window_s[r]:.3f}" if r in shown.window_s else "-",
         ]
         for r in shown.ladder
         if r >= shown.first_capacity_tokens
     ]
-    for text in _table(["rung", "compile s", "decode ms/token", "window s"], rung_rows, {0}):
+    header = ["rung", "compile s", *(["fetch s"] if fetches else []), "decode ms/token", "window s"]
+    for text in _table(header, rung_rows, {0}):
         click.echo(text)
     click.echo("")
     rows = [
@@ -358,7 +391,7 @@ def _echo_text(
             b.label,
             str(b.window_tokens),
             f"{b.window_s:.3f}",
-            f"{b.compile_s:.3f}",
+            f"{b.compile_s:.3f}" + (" (fetch)" if b.fetched else ""),
             f"{b.start_s:.3f}",
             f"{b.ready_s:.3f}",
             f"{b.boundary_s:.3f}",
@@ -382,9 +415,11 @@ def _echo_text(
         click.echo(text)
     first = shown.first_capacity_tokens
     click.echo("")
+    first_s = costs.ready_s()[first]
+    how = "fetched" if first in costs.fetch_s else "built"
     click.echo(
         f"foreground compile {shown.foreground_s:.3f} s ({prefill_note}; "
-        f"decode@{first} {costs.compile_s[first]:.3f} s; built side by side)"
+        f"decode@{first} {first_s:.3f} s; {how} side by side)"
     )
     speculative = ", ".join(str(c.capacity_tokens) for c in shown.speculative)
     click.echo(

@@ -145,6 +145,10 @@ class BuildOutcome:
     blob_bytes: int
     path: Path
     stored: bool = True  # False: the store failed open; ``path`` is a private temp file
+    # From the remote tier: ``hit`` is False (the local store missed) and ``compile_s``
+    # is the compile the fetch saved; ``fetch_s`` is what fetching took.
+    fetched: bool = False
+    fetch_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -219,9 +223,9 @@ class Compiler:
     def roles(self, hint: Specialization | None = None) -> ModelRoles:
         """The model's roles: from the prepared graph if it is in memory, else from the
         record of a blob this compiler has built or found, or of ``hint``'s blob if the
-        store has one (read, not verified or counted: roles are names and shapes, checked
-        again when a graph is bound), else by preparing the model. A warm start never
-        reads the IR."""
+        store (or its remote tier's manifest) has one (read, not verified or counted:
+        roles are names and shapes, checked again when a graph is bound), else by
+        preparing the model. A warm start never reads the IR."""
         with self._llm_lock:
             if self._llm is not None:
                 return self._llm.roles
@@ -235,8 +239,11 @@ class Compiler:
                 entry = None
             if entry is not None and entry.components == key.components:
                 self._remember_roles(entry.metadata)
-                if self._roles is not None:
-                    return self._roles
+            elif self.store.tier is not None:  # the remote's verified manifest records them
+                manifest = self.store.tier.manifest(key)
+                self._remember_roles(manifest.metadata if manifest is not None else {})
+            if self._roles is not None:
+                return self._roles
         return self.llm().roles
 
     def _remember_roles(self, metadata: Mapping[str, str]) -> None:
@@ -336,6 +343,8 @@ class Compiler:
                 blob_bytes=outcome.size_bytes,
                 path=outcome.path,
                 stored=outcome.stored,
+                fetched=outcome.fetched,
+                fetch_s=outcome.fetch_s,
             )
             if program is not None:
                 program = dataclasses.replace(program, build=built)

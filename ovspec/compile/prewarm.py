@@ -72,18 +72,28 @@ class BuildReport:
         return sum(o.hit for o in self.outcomes)
 
     @property
+    def fetched(self) -> int:
+        """Local misses the remote tier served (nothing compiled for them)."""
+        return sum(o.fetched for o in self.outcomes)
+
+    @property
     def misses(self) -> int:
-        return len(self.outcomes) - self.hits
+        """Specializations compiled by this run."""
+        return len(self.outcomes) - self.hits - self.fetched
 
     @property
     def compile_s(self) -> float:
-        """Compile seconds spent by this run (misses only)."""
-        return sum(o.compile_s for o in self.outcomes if not o.hit)
+        """Compile seconds spent by this run (compiled specializations only)."""
+        return sum(o.compile_s for o in self.outcomes if not o.hit and not o.fetched)
 
     @property
     def saved_s(self) -> float:
-        """Compile seconds the hits saved."""
-        return sum(o.compile_s for o in self.outcomes if o.hit)
+        """Compile seconds the hits and fetches saved."""
+        return sum(o.compile_s for o in self.outcomes if o.hit or o.fetched)
+
+    @property
+    def fetched_bytes(self) -> int:
+        return sum(o.blob_bytes for o in self.outcomes if o.fetched)
 
     @property
     def blob_bytes(self) -> int:
@@ -114,7 +124,7 @@ def check_model(plan: BuildPlan) -> DynamicLLM:
     return prepare_model(plan.model, plan.compression)
 
 
-def _compiler(
+def plan_compiler(
     plan: BuildPlan, store: Store, memo: DigestMemo | None = None, llm: DynamicLLM | None = None
 ) -> Compiler:
     return Compiler(
@@ -131,13 +141,18 @@ def _compiler(
 
 
 def all_stored(plan: BuildPlan, store: Store) -> bool:
-    """Whether every specialization of ``plan`` looks stored already: then a build is
-    all hits and never needs the prepared (or compressed) model. Counts nothing and
-    writes nothing: the model's files are hashed in memory (reading the on-disk digest
-    memo would update it, and bad input must leave the store as it was)."""
-    compiler = _compiler(plan, store, memo=DigestMemo(None))
+    """Whether every specialization of ``plan`` looks stored already, locally or on the
+    store's remote tier: then a build compiles nothing and never needs the prepared (or
+    compressed) model. Counts nothing and writes nothing: the model's files are hashed
+    in memory (reading the on-disk digest memo would update it, and bad input must
+    leave the store as it was)."""
+    compiler = plan_compiler(plan, store, memo=DigestMemo(None))
+    tier = store.tier
     try:
-        return all(store.peek(compiler.key(spec)) for spec in plan.specializations())
+        return all(
+            store.peek(key) or (tier is not None and tier.has(key))
+            for key in (compiler.key(spec) for spec in plan.specializations())
+        )
     finally:
         compiler.close()
 
@@ -149,7 +164,7 @@ def run_build(
     llm: DynamicLLM | None = None,
 ) -> BuildReport:
     """Build every specialization of ``plan`` into ``store``."""
-    compiler = _compiler(plan, store, llm=llm)
+    compiler = plan_compiler(plan, store, llm=llm)
     specs = plan.specializations()
     began = time.perf_counter()
     try:

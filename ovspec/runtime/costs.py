@@ -1,8 +1,10 @@
 """Where a deadline plan's costs come from: the store's compile history, or a measurement.
 
 ``history`` reads the recorded build of each rung from the compiler's store (no
-lookups, so the store's counters stay as they are); ``measure`` makes each rung
-ready through a loader and times a short decode on it.
+lookups, so the store's counters stay as they are), or from its remote tier's
+manifests, and models a fetch (bytes / the fetch bandwidth the store measured) for
+each rung the remote holds; ``measure`` makes each rung ready through a loader (a
+fetch where the remote has it) and times a short decode on it.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ DEFAULT_MEASURE_STEPS = 32
 
 @dataclass(frozen=True)
 class RecordedCompile:
-    """A blob's build as the store recorded it."""
+    """A blob's build as the store (or its remote tier's manifest) recorded it."""
 
     label: str
     key_hex: str
     compile_s: float
     export_s: float
+    blob_bytes: int = 0
+    on_remote: bool = False  # the store's remote tier holds it: it can be fetched
 
     @property
     def build_s(self) -> float:
@@ -43,21 +47,44 @@ def compile_history(
     compiler: Compiler, specs: Sequence[Specialization]
 ) -> dict[Specialization, RecordedCompile]:
     """The recorded build of each spec whose exact key (this model, device,
-    properties, compression, blob mode) is in the compiler's store. Listing the index
-    leaves the store's hit/miss counters alone, unlike a lookup."""
+    properties, compression, blob mode) is in the compiler's store, else in its remote
+    tier's manifests. Listing the index leaves the store's hit/miss counters alone,
+    unlike a lookup."""
     by_hex = {entry.hex: entry for entry in compiler.store.entries()}
+    tier = compiler.store.tier
     out: dict[Specialization, RecordedCompile] = {}
     for spec in specs:
         key = compiler.key(spec)
         entry = by_hex.get(key.hex)
-        if entry is None or entry.components != key.components:
+        if entry is not None and entry.components == key.components:
+            on_remote = tier is not None and tier.has(key)
+            out[spec] = RecordedCompile(
+                spec.label,
+                entry.hex,
+                entry.compile_s,
+                _export_s(entry.metadata),
+                entry.size_bytes,
+                on_remote,
+            )
             continue
-        try:
-            export_s = float(entry.metadata.get("export_s", "0") or 0)
-        except ValueError:
-            export_s = 0.0
-        out[spec] = RecordedCompile(spec.label, entry.hex, entry.compile_s, export_s)
+        manifest = tier.manifest(key) if tier is not None else None
+        if manifest is not None:
+            out[spec] = RecordedCompile(
+                spec.label,
+                key.hex,
+                manifest.compile_s,
+                _export_s(manifest.metadata),
+                manifest.payload.size_bytes,
+                True,
+            )
     return out
+
+
+def _export_s(metadata: Mapping[str, str]) -> float:
+    try:
+        return float(metadata.get("export_s", "0") or 0)
+    except ValueError:
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -66,10 +93,29 @@ class History:
 
     decode: Mapping[int, RecordedCompile]  # rung -> its decode graph's build
     prefill: RecordedCompile | None  # the first rung's prefill graph, if built
+    # Bytes per second of the store's past fetches from its remote (None: none yet).
+    fetch_bytes_per_s: float | None = None
 
     def compile_s(self) -> dict[int, float]:
         """Build seconds (compile + export) per rung; import is not in the history."""
         return {rung: record.build_s for rung, record in self.decode.items()}
+
+    def fetch_s(self) -> dict[int, float]:
+        """Fetch seconds (bytes / measured bandwidth) of each rung the remote holds;
+        empty until the store has measured a fetch."""
+        rate = self.fetch_bytes_per_s
+        if not rate:
+            return {}
+        return {r: rec.blob_bytes / rate for r, rec in self.decode.items() if rec.on_remote}
+
+    def prefill_ready_s(self) -> float | None:
+        """The prefill graph's fetch when the remote holds it (and a rate is known),
+        else its recorded build; None if neither is known."""
+        if self.prefill is None:
+            return None
+        if self.prefill.on_remote and self.fetch_bytes_per_s:
+            return self.prefill.blob_bytes / self.fetch_bytes_per_s
+        return self.prefill.build_s
 
 
 def history(
@@ -91,9 +137,13 @@ def history(
             f"`ovspec build` with this ladder first, or give {arg('compile_s')} (or "
             f"{arg('measure')})"
         )
+    tier = compiler.store.tier
     return History(
         decode={s.capacity_tokens: found[s] for s in decode_specs if s in found},
         prefill=found.get(prefill_spec),
+        fetch_bytes_per_s=(
+            compiler.store.stats().remote.fetch_bytes_per_s if tier is not None else None
+        ),
     )
 
 
@@ -103,17 +153,24 @@ class RungMeasurement:
 
     capacity_tokens: int
     store_hit: bool
-    compile_s: float  # recorded (hit) or just now (miss)
+    compile_s: float  # recorded (hit, fetch) or just now (miss)
     export_s: float
     import_s: float  # measured now
     decode_s_per_token: float  # median wall time of one decode step
     decode_mean_s_per_token: float  # a window is a sum of steps; the median skips hiccups
     steps: int
+    fetched: bool = False  # came from the remote tier just now
+    fetch_s: float = 0.0
+
+    @property
+    def build_ready_s(self) -> float:
+        """Build + import: the time a cold successor needs to be ready by compiling."""
+        return self.compile_s + self.export_s + self.import_s
 
     @property
     def ready_s(self) -> float:
-        """Build + import: the time a cold successor needs to be ready."""
-        return self.compile_s + self.export_s + self.import_s
+        """What it took to be ready here: fetch + import when fetched, else build + import."""
+        return self.fetch_s + self.import_s if self.fetched else self.build_ready_s
 
 
 @dataclass(frozen=True)
@@ -125,10 +182,11 @@ class Measurement:
 
     def costs(self) -> RungCosts:
         return RungCosts(
-            compile_s={m.capacity_tokens: m.ready_s for m in self.rungs},
+            compile_s={m.capacity_tokens: m.build_ready_s for m in self.rungs},
             decode_s_per_token={m.capacity_tokens: m.decode_s_per_token for m in self.rungs},
             prefill_compile_s=self.prefill_compile_s,
             prefill_s=self.prefill_s,
+            fetch_s={m.capacity_tokens: m.ready_s for m in self.rungs if m.fetched},
         )
 
 
@@ -164,8 +222,9 @@ def measure(
     roles = loader.compiler.roles()
     prefill_program = loader.program(prefill_spec)
     assert prefill_program is not None  # get() just loaded it
-    prefill_compile_s = (
-        prefill_program.build.compile_s + prefill_program.build.export_s + prefill_program.import_s
+    built = prefill_program.build
+    prefill_compile_s = prefill_program.import_s + (
+        built.fetch_s if built.fetched else built.compile_s + built.export_s
     )
 
     measured: list[RungMeasurement] = []
@@ -207,6 +266,8 @@ def measure(
                 decode_s_per_token=statistics.median(step_s),
                 decode_mean_s_per_token=statistics.fmean(step_s),
                 steps=count,
+                fetched=program.build.fetched,
+                fetch_s=program.build.fetch_s,
             )
         )
     return Measurement(tuple(measured), prefill_spec.label, prefill_compile_s, prefill_s)

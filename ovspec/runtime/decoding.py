@@ -35,6 +35,7 @@ from ovspec.runtime.kv import (
 from ovspec.runtime.loader import Loader, LoaderEvent, Policy, WindowPlan
 from ovspec.runtime.session import BoundaryRecord, DecodeSession, StepRecord
 from ovspec.store.local import Store
+from ovspec.store.remote import Remote, RemoteConfig, open_remote
 
 DEFAULT_PREFILL_CHUNK_TOKENS = 128
 DEFAULT_LADDER = Ladder()
@@ -53,19 +54,30 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     window_plan: WindowPlan | None = None,
     origin_s: float | None = None,
     kv_layout: KVLayout | str | None = None,
+    remote: Remote | RemoteConfig | str | None = None,
 ) -> Loader:
     """A lazy loader for ``model`` (a folder, or ``builtin:PRESET``) over ``ladder``.
 
     Close it (or use it as a context manager): it owns its worker thread, and the
     store too when it opened one. ``kv_layout`` becomes ``decode``'s default; a remap
     ladder the layout cannot map is refused here, before anything compiles.
+    ``remote``: a shared tier behind the store it opens
+    (``s3://BUCKET/PREFIX``; default ``$OVSPEC_REMOTE``); a ``Store`` given as ``store``
+    brings its own.
     """
     ladder = Ladder.parse(ladder) if isinstance(ladder, str) else ladder
     policy = Policy(policy) if isinstance(policy, str) else policy
     properties = loader_properties(device, properties or {})
     compression = Compression.parse(compression) if isinstance(compression, str) else compression
     owns_store = not isinstance(store, Store)
-    opened = store if isinstance(store, Store) else Store(store or Store.default_root())
+    if isinstance(store, Store):
+        if remote is not None:
+            raise BadRequestError(
+                f"give {arg('remote')} to the Store you pass as {arg('store')}, not to open()"
+            )
+        opened = store
+    else:
+        opened = Store(store or Store.default_root(), remote=_remote(remote))
     try:
         model_dir = resolve_model(str(model), opened.models_folder)
         ladder.check_fits(model_dir.max_position_embeddings)
@@ -99,6 +111,14 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         origin_s=origin_s,
         kv_layout=kv_layout,
     )
+
+
+def _remote(remote: Remote | RemoteConfig | str | None) -> Remote | None:
+    if isinstance(remote, Remote):
+        return remote
+    config = RemoteConfig(remote) if isinstance(remote, str) else remote
+    config = config if config is not None else RemoteConfig.from_env()
+    return open_remote(config) if config is not None else None
 
 
 def loader_properties(device: str, properties: Mapping[str, str]) -> dict[str, str]:

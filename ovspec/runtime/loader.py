@@ -1,11 +1,12 @@
 """The lazy loader a decode runtime calls one step ahead.
 
-``get(spec)`` returns a compiled specialization from memory, else the store, else a
-compile, blocking only when it must; ``prefetch(spec)`` queues the same work on one
-background worker. A policy decides what is compiled when: ``eager`` (every rung
-before the first token), ``one_ahead`` (the first rung in the foreground, then one
-successor in the background after each switch, earlier when a deadline plan says a
-window is too short) and ``on_demand`` (compile at the boundary: the stall baseline).
+``get(spec)`` returns a compiled specialization from memory, else the store (and its
+remote tier: a fetch is preferred to a compile), else a compile, blocking only when
+it must; ``prefetch(spec)`` queues the same work on one background worker. A policy
+decides what is compiled when: ``eager`` (every rung before the first token),
+``one_ahead`` (the first rung in the foreground, then one successor in the background
+after each switch, earlier when a deadline plan says a window is too short) and
+``on_demand`` (compile at the boundary: the stall baseline).
 Every compile, import, hit and wait is an event with times relative to ``open``.
 """
 
@@ -42,6 +43,7 @@ class EventKind(Enum):
     LOAD_START = "load_start"  # build (store lookup or compile) + import begins
     COMPILED = "compiled"  # the blob was compiled (a store miss)
     STORE_HIT = "store_hit"  # the blob came from the store
+    FETCHED = "fetched"  # the blob came from the remote tier (no compile here)
     LOADED = "loaded"  # imported and ready
     FAILED = "failed"
     WAIT = "wait"  # get() blocked on a background load
@@ -264,6 +266,9 @@ class Loader:
         build = program.build
         if build.hit:
             self._record(EventKind.STORE_HIT, spec, foreground, seconds=build.compile_s)
+        elif build.fetched:
+            note = f"fetched {build.blob_bytes} bytes instead of a {build.compile_s:.3f} s compile"
+            self._record(EventKind.FETCHED, spec, foreground, seconds=build.fetch_s, note=note)
         else:
             self._record(EventKind.COMPILED, spec, foreground, seconds=build.compile_s)
         warm_s = 0.0

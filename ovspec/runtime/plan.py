@@ -30,14 +30,22 @@ class RungCosts:
     import), and the time per decode step on it (it grows with the capacity: the
     graph attends over all of it). The first rung's prefill graph loads in front while
     its decode graph loads on the worker; running the prompt delays the first decode
-    step, which is when the first successor is queued (0: unknown)."""
+    step, which is when the first successor is queued (0: unknown).
+
+    ``fetch_s``: rungs a remote tier holds, and the time to fetch (bytes / measured
+    bandwidth) and import each instead: the loader prefers a fetch to a compile, so
+    such a rung costs its fetch (``ready_s``)."""
 
     compile_s: Mapping[int, float]
     decode_s_per_token: Mapping[int, float]
     prefill_compile_s: float = 0.0
     prefill_s: float = 0.0
+    fetch_s: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for rung, seconds in self.fetch_s.items():
+            _check_seconds(f"fetch time of rung {rung}", seconds)
+        object.__setattr__(self, "fetch_s", dict(sorted(self.fetch_s.items())))
         for rung, seconds in self.compile_s.items():
             _check_seconds(f"compile time of rung {rung}", seconds)
         for rung, seconds in self.decode_s_per_token.items():
@@ -48,6 +56,11 @@ class RungCosts:
         object.__setattr__(
             self, "decode_s_per_token", dict(sorted(self.decode_s_per_token.items()))
         )
+
+    def ready_s(self) -> dict[int, float]:
+        """Seconds to have each rung's decode program ready: its fetch when a remote
+        holds it, else its compile."""
+        return dict(sorted({**self.compile_s, **self.fetch_s}.items()))
 
 
 @dataclass(frozen=True)
@@ -147,11 +160,12 @@ class BoundaryPlan:
     to_capacity_tokens: int
     window_tokens: int  # decode steps on the from-rung
     window_s: float  # T_decode(window); the first rung's also runs the prompt
-    compile_s: float  # T_compile(to-rung): build + import
+    compile_s: float  # T_compile(to-rung): build + import, or its fetch + import
     start_s: float  # the worker starts compiling the to-rung
     ready_s: float
     boundary_s: float  # decode reaches the boundary
     early_reason: str = ""  # "" unless the to-rung was queued before its one-ahead turn
+    fetched: bool = False  # the to-rung comes from a remote tier (``compile_s`` is its fetch)
 
     def __post_init__(self) -> None:
         if self.to_capacity_tokens <= self.from_capacity_tokens:
@@ -208,6 +222,7 @@ class BoundaryPlan:
             "wait_s": self.wait_s,
             "started_early": self.started_early,
             "early_reason": self.early_reason,
+            "source": "fetch" if self.fetched else "compile",
             "verdict": self.verdict,
         }
 
@@ -325,7 +340,8 @@ def plan_one_ahead(
     the next rung is ready.
     """
     used = rungs_needed(ladder, prompt_tokens, new_tokens)
-    missing_compile = [r for r in used if r not in costs.compile_s]
+    ready = costs.ready_s()
+    missing_compile = [r for r in used if r not in ready]
     if missing_compile:
         raise BadRequestError(
             f"no compile time for rung {', '.join(map(str, missing_compile))}; "
@@ -343,21 +359,21 @@ def plan_one_ahead(
     # The loader builds the first rung's prefill and decode graphs side by side (the
     # decode graph on its worker): a compile keeps about one core busy, so on two or
     # more cores the first rung is ready after the longer of the two.
-    foreground_s = max(costs.prefill_compile_s, costs.compile_s[first])
+    foreground_s = max(costs.prefill_compile_s, ready[first])
     # The first decode step: after the prompt, and once the decode graph is in.
-    first_step_s = max(costs.prefill_compile_s + costs.prefill_s, costs.compile_s[first])
+    first_step_s = max(costs.prefill_compile_s + costs.prefill_s, ready[first])
 
     scheduled: dict[int, ScheduledCompile] = {}
-    worker_free_s = costs.compile_s[first]
+    worker_free_s = ready[first]
 
     def queue(rung: int, entered: int, at_s: float, reason: str) -> None:
         nonlocal worker_free_s
-        if rung in scheduled or rung not in costs.compile_s:
+        if rung in scheduled or rung not in ready:
             # Unknown cost: only a rung past the request can lack one, and it sits
             # behind every used rung in the queue, so it delays none of them.
             return
         start_s = max(at_s, worker_free_s)
-        ready_s = start_s + costs.compile_s[rung]
+        ready_s = start_s + ready[rung]
         worker_free_s = ready_s
         scheduled[rung] = ScheduledCompile(
             rung, entered, at_s, start_s, ready_s, reason, rung in used
@@ -368,9 +384,7 @@ def plan_one_ahead(
     previous = 0
     finished_s = first_step_s
     for i, rung in enumerate(used):
-        for successor, reason in successors_to_start(
-            ladder, rung, costs.compile_s, windows, active_rule
-        ):
+        for successor, reason in successors_to_start(ladder, rung, ready, windows, active_rule):
             queue(successor, rung, entry_s, reason)
         if i == len(used) - 1:
             tokens = prompt_tokens + new_tokens - max(prompt_tokens, previous)
@@ -383,11 +397,12 @@ def plan_one_ahead(
             to_capacity_tokens=nxt,
             window_tokens=rung - max(prompt_tokens, previous),
             window_s=windows[rung],
-            compile_s=costs.compile_s[nxt],
+            compile_s=ready[nxt],
             start_s=compile_slot.start_s,
             ready_s=compile_slot.ready_s,
             boundary_s=entry_s + windows[rung],
             early_reason=compile_slot.early_reason,
+            fetched=nxt in costs.fetch_s,
         )
         boundaries.append(boundary)
         entry_s = max(boundary.boundary_s, boundary.ready_s)
@@ -415,14 +430,14 @@ def window_plan(
     the ladder and prompt they apply to)."""
     if isinstance(source, Plan):
         return WindowPlan(
-            compile_s=dict(source.costs.compile_s),
+            compile_s=source.costs.ready_s(),
             window_s=dict(source.window_s),
             rule=source.rule,
         )
     if ladder is None or prompt_tokens is None:
         raise BadRequestError("a window plan from costs needs the ladder and the prompt length")
     return WindowPlan(
-        compile_s=dict(source.compile_s), window_s=rung_windows(ladder, prompt_tokens, source)
+        compile_s=source.ready_s(), window_s=rung_windows(ladder, prompt_tokens, source)
     )
 
 

@@ -36,7 +36,34 @@ STAT_MISSES = "misses"
 STAT_SAVED_US = "saved_us"  # integer microseconds: sums stay exact
 STAT_EVICTIONS = "evictions"
 STAT_QUARANTINED = "quarantined"
-COUNTERS = (STAT_HITS, STAT_MISSES, STAT_SAVED_US, STAT_EVICTIONS, STAT_QUARANTINED)
+# The remote tier's (issue 14), counted by the local store that moved the bytes.
+STAT_REMOTE_HITS = "remote_hits"
+STAT_REMOTE_MISSES = "remote_misses"
+STAT_REMOTE_REFUSED = "remote_refused"
+STAT_REMOTE_FAILURES = "remote_failures"
+STAT_REMOTE_FETCHED_BYTES = "remote_fetched_bytes"
+STAT_REMOTE_FETCH_US = "remote_fetch_us"
+STAT_REMOTE_SAVED_US = "remote_saved_us"
+STAT_REMOTE_UPLOADS = "remote_uploads"
+STAT_REMOTE_UPLOADED_BYTES = "remote_uploaded_bytes"
+STAT_REMOTE_UPLOAD_US = "remote_upload_us"
+COUNTERS = (
+    STAT_HITS,
+    STAT_MISSES,
+    STAT_SAVED_US,
+    STAT_EVICTIONS,
+    STAT_QUARANTINED,
+    STAT_REMOTE_HITS,
+    STAT_REMOTE_MISSES,
+    STAT_REMOTE_REFUSED,
+    STAT_REMOTE_FAILURES,
+    STAT_REMOTE_FETCHED_BYTES,
+    STAT_REMOTE_FETCH_US,
+    STAT_REMOTE_SAVED_US,
+    STAT_REMOTE_UPLOADS,
+    STAT_REMOTE_UPLOADED_BYTES,
+    STAT_REMOTE_UPLOAD_US,
+)
 SIZE_LIMIT_SETTING = "size_limit_bytes"
 
 # How long a statement waits for another process's write transaction.

@@ -4,9 +4,11 @@ an entry by a key prefix, and the statistics. Nothing here hashes, counts or tou
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from ovspec.errors import StoreError
+from ovspec.store import index as counters
 from ovspec.store.index import (
     INDEX_ERRORS,
     STAT_EVICTIONS,
@@ -16,7 +18,7 @@ from ovspec.store.index import (
     STAT_SAVED_US,
 )
 from ovspec.store.keys import BlobKey
-from ovspec.store.records import StoreEntry, StoreStats
+from ovspec.store.records import RemoteStats, StoreEntry, StoreStats
 
 if TYPE_CHECKING:
     from ovspec.store.local import Store
@@ -36,6 +38,19 @@ def peek(store: Store, key: BlobKey) -> bool:
         return entry.path.stat().st_size == entry.size_bytes
     except OSError:
         return False
+
+
+def entries(store: Store) -> list[StoreEntry]:
+    """Every well-formed index row, most recently used first (not verified)."""
+    out: list[StoreEntry] = []
+    with store.locked_io("list the entries"):
+        for hex_ in store.index.row_hexes():
+            with contextlib.suppress(ValueError):  # a malformed row: check() reports it
+                entry = store.get_row(hex_)
+                if entry is not None:
+                    out.append(entry)
+    out.sort(key=lambda e: (e.accessed_unix_s, e.created_unix_s), reverse=True)
+    return out
 
 
 def find(store: Store, prefix: str) -> StoreEntry:
@@ -68,4 +83,16 @@ def stats(store: Store) -> StoreStats:
             size_limit_bytes=store.size_limit_bytes,
             evictions=counter(STAT_EVICTIONS),
             quarantined=counter(STAT_QUARANTINED),
+            remote=RemoteStats(
+                hits=counter(counters.STAT_REMOTE_HITS),
+                misses=counter(counters.STAT_REMOTE_MISSES),
+                refused=counter(counters.STAT_REMOTE_REFUSED),
+                failures=counter(counters.STAT_REMOTE_FAILURES),
+                fetched_bytes=counter(counters.STAT_REMOTE_FETCHED_BYTES),
+                fetch_s=counter(counters.STAT_REMOTE_FETCH_US) / 1e6,
+                saved_compile_s=counter(counters.STAT_REMOTE_SAVED_US) / 1e6,
+                uploads=counter(counters.STAT_REMOTE_UPLOADS),
+                uploaded_bytes=counter(counters.STAT_REMOTE_UPLOADED_BYTES),
+                upload_s=counter(counters.STAT_REMOTE_UPLOAD_US) / 1e6,
+            ),
         )

@@ -37,6 +37,7 @@ from ovspec.store.records import (
     GcReport,
     PayloadWriteError,
     ProducedBlob,
+    RemoteStats,
     StoreEntry,
     StoreStats,
     StoreUsage,
@@ -44,6 +45,8 @@ from ovspec.store.records import (
     entry_from_json,
     row_json,
 )
+from ovspec.store.remote import Remote
+from ovspec.store.tier import Tier
 from ovspec.store.trust import trust_shared_from_env
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "LockPolicy",
     "PayloadWriteError",
     "ProducedBlob",
+    "RemoteStats",
     "Store",
     "StoreEntry",
     "StoreStats",
@@ -92,9 +96,13 @@ class Store:
         repair: bool = False,
         lock_policy: LockPolicy | None = None,
         create: bool = True,
+        remote: Remote | None = None,
+        strict_remote: bool = False,
     ) -> None:
         """``create=False`` refuses a folder that holds no store yet: read-only commands
-        must not make one in a mistyped folder."""
+        must not make one in a mistyped folder. ``remote``: a shared tier behind this
+        store (``ovspec.store.tier``): misses fetch from it, compiles upload to it;
+        its failures warn and compile unless ``strict_remote``."""
         if size_limit_bytes is not None and size_limit_bytes <= 0:
             raise StoreError(f"size limit must be > 0 bytes, got {size_limit_bytes}")
         # The root may be a link the user chose; below it, nothing is followed.
@@ -131,6 +139,7 @@ class Store:
                 opening.remove_stale_temps(self.layout, time.time())
         if size_limit_bytes is not None:
             self.set_size_limit(size_limit_bytes)
+        self.tier = Tier(self, remote, strict=strict_remote) if remote is not None else None
 
     # -- opening -----------------------------------------------------------------
 
@@ -140,7 +149,12 @@ class Store:
         return default_root()
 
     def close(self) -> None:
-        self.index.close()
+        """Finish the remote uploads under way, then close the index."""
+        try:
+            if self.tier is not None:
+                self.tier.close()
+        finally:
+            self.index.close()
 
     def __enter__(self) -> Store:
         return self
@@ -347,7 +361,22 @@ class Store:
         returned from a temp folder outside it (``stored=False``; the caller calls
         ``outcome.discard()``), or ``StoreError`` is raised when strict.
         ``map_payload``: a hit carries a mapping of the verified bytes (``payload``).
+        With a remote tier, a local miss is fetched from it (``fetched``) before
+        ``produce`` is asked, and a produced blob is uploaded in the background.
         """
+        if self.tier is not None:
+            return self.tier.get_or_create(key, produce, validate, map_payload)
+        return self.get_or_create_local(key, produce, validate=validate, map_payload=map_payload)
+
+    def get_or_create_local(
+        self,
+        key: BlobKey,
+        produce: Callable[[Path], ProducedBlob],
+        *,
+        validate: Callable[[Path], None] | None = None,
+        map_payload: bool = False,
+    ) -> BlobOutcome:
+        """``get_or_create`` on this store alone (the remote tier calls it)."""
         hex_ = key.hex
         try:
             entry, mapping = self._lookup(key, held=False, mapped=map_payload)
@@ -405,19 +434,7 @@ class Store:
         """Remove the entry with this full hex; False if there is none."""
         self.require_writable("remove an entry")
         with self.locked_io("remove an entry"):
-            if not self.index.has_row(hex_):
-                return False
-            lock = self.key_lock(hex_)
-            try:
-                lock.acquire(blocking=True, policy=self.lock_policy)
-            except LockTimeout as exc:
-                raise StoreError(
-                    f"blob store {self.root}: cannot remove {hex_[:12]}: {exc}"
-                ) from exc
-            try:
-                return self.delete_entry_files(hex_)
-            finally:
-                lock.release()
+            return maintenance.remove(self, hex_)
 
     @contextlib.contextmanager
     def locked_io(self, what: str) -> Iterator[None]:
@@ -431,15 +448,7 @@ class Store:
 
     def entries(self) -> list[StoreEntry]:
         """Every well-formed index row, most recently used first (not verified)."""
-        out: list[StoreEntry] = []
-        with self.locked_io("list the entries"):
-            for hex_ in self.index.row_hexes():
-                with contextlib.suppress(ValueError):  # a malformed row: check() reports it
-                    entry = self.get_row(hex_)
-                    if entry is not None:
-                        out.append(entry)
-        out.sort(key=lambda e: (e.accessed_unix_s, e.created_unix_s), reverse=True)
-        return out
+        return listing.entries(self)
 
     def find(self, prefix: str) -> StoreEntry:
         """The entry whose hex starts with ``prefix``; StoreError if none or several."""

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ovspec.errors import StoreError
 from ovspec.store import opening
 from ovspec.store.files import NOT_A_FILE, hash_file, remove_path, unlink
 from ovspec.store.index import STAT_EVICTIONS
@@ -33,7 +34,7 @@ from ovspec.store.layout import (
     STORE_LOCK_NAME,
     TEMP_RE,
 )
-from ovspec.store.locks import KeyLock
+from ovspec.store.locks import KeyLock, LockTimeout
 from ovspec.store.records import (
     GcReport,
     StoreEntry,
@@ -446,3 +447,18 @@ def evict_to_limit(store: Store, keep: str | None) -> tuple[int, int]:
             f"{limit} bytes after evicting what it could (the newest blob is always kept)"
         )
     return evicted, freed
+
+
+def remove(store: Store, hex_: str) -> bool:
+    """Remove the entry with this full hex under its lock; False if there is none."""
+    if not store.index.has_row(hex_):
+        return False
+    lock = store.key_lock(hex_)
+    try:
+        lock.acquire(blocking=True, policy=store.lock_policy)
+    except LockTimeout as exc:
+        raise StoreError(f"blob store {store.root}: cannot remove {hex_[:12]}: {exc}") from exc
+    try:
+        return store.delete_entry_files(hex_)
+    finally:
+        lock.release()

@@ -81,7 +81,7 @@ def create_locked(
         raise
 
     try:
-        entry = commit(store, key, tmp, produced)
+        entry = commit(store, key, tmp, produced, expected_checksum=produced.checksum)
     except INDEX_ERRORS as exc:
         if store.strict:
             unlink(tmp)

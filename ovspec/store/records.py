@@ -44,6 +44,9 @@ class ProducedBlob:
     compile_s: float
     metadata: Mapping[str, str] = field(default_factory=dict)
     size_bytes: int | None = None
+    # The xxh3-128 the payload must have, when the producer knows it (a payload fetched
+    # from a remote tier): ``commit`` publishes nothing that hashes otherwise.
+    checksum: str | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.compile_s) and self.compile_s >= 0):
@@ -121,6 +124,10 @@ class BlobOutcome:
     metadata: Mapping[str, str]
     payload: mmap.mmap | None = field(default=None, compare=False, repr=False)
     checksum: str | None = None  # of a stored entry (None: not stored)
+    # The payload came from the remote tier in this call (a local miss it served):
+    # ``compile_s`` is then the compile the fetch saved, ``fetch_s`` what it took.
+    fetched: bool = False
+    fetch_s: float = 0.0
 
     @classmethod
     def stored_entry(
@@ -153,6 +160,48 @@ class BlobOutcome:
 
 
 @dataclass(frozen=True)
+class RemoteStats:
+    """What this store moved through a remote tier (counted locally, across processes)."""
+
+    hits: int = 0  # local misses the remote served
+    misses: int = 0  # local misses the remote did not have
+    refused: int = 0  # blobs refused: a bad manifest, payload or signature, or no import
+    failures: int = 0  # times the remote could not be reached (then not asked again)
+    fetched_bytes: int = 0
+    fetch_s: float = 0.0
+    saved_compile_s: float = 0.0  # the compiles the fetches replaced (their recorded time)
+    uploads: int = 0  # manifests this store published
+    uploaded_bytes: int = 0
+    upload_s: float = 0.0
+
+    @property
+    def saved_s(self) -> float:
+        """Compile seconds saved, net of the time the fetches took."""
+        return self.saved_compile_s - self.fetch_s
+
+    @property
+    def fetch_bytes_per_s(self) -> float | None:
+        """The measured fetch bandwidth (None before the first fetch)."""
+        return self.fetched_bytes / self.fetch_s if self.fetch_s > 0 else None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "refused": self.refused,
+            "failures": self.failures,
+            "fetched_bytes": self.fetched_bytes,
+            "fetch_s": self.fetch_s,
+            "fetch_bytes_per_s": self.fetch_bytes_per_s,
+            "saved_compile_s": self.saved_compile_s,
+            "saved_s": self.saved_s,
+            "uploads": self.uploads,
+            "uploaded_bytes": self.uploaded_bytes,
+            "upload_s": self.upload_s,
+        }
+
+
+@dataclass(frozen=True)
 class StoreStats:
     """Counters persisted across processes, plus what the index holds now."""
 
@@ -164,6 +213,7 @@ class StoreStats:
     size_limit_bytes: int
     evictions: int
     quarantined: int
+    remote: RemoteStats = field(default_factory=RemoteStats)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -175,6 +225,7 @@ class StoreStats:
             "size_limit_bytes": self.size_limit_bytes,
             "evictions": self.evictions,
             "quarantined": self.quarantined,
+            "remote": self.remote.to_json(),
         }
 
 

@@ -536,6 +536,7 @@ def test_flags_only_json_has_every_number() -> None:
     assert doc["rungs"][0] == {
         "capacity_tokens": 1024,
         "compile_s": 5.0,
+        "fetch_s": None,  # no remote tier holds it
         "decode_s_per_token": 0.01,
         "window_s": 8.96,
     }

@@ -1,0 +1,274 @@
+"""A shared remote of blobs that no client trusts: what is configured, and what is checked.
+
+Owns the configuration (``s3://bucket/prefix``, read-only, the signing key file, from
+arguments or ``OVSPEC_REMOTE*``), the interface a backend implements (bytes in and
+out, no trust decisions) and ``Remote``, which decides trust: a manifest must name the
+key asked for and carry a valid signature when this client holds keys; a payload must
+be exactly what its manifest says (size, sha256, xxh3-128) or nothing of it is kept.
+Publishing writes the payload first, under its sha256, and the manifest last, only if
+none is there: a reader never meets a partial blob, and no writer clobbers another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import xxhash
+
+from ovspec.errors import (
+    RemoteIntegrityError,
+    RemoteReadOnlyError,
+    StoreError,
+    arg,
+)
+from ovspec.store.keys import BlobKey
+from ovspec.store.manifest import Manifest, SigningKeys, describe_payload, new_manifest
+
+ENV_REMOTE = "OVSPEC_REMOTE"
+ENV_READ_ONLY = "OVSPEC_REMOTE_READ_ONLY"
+ENV_KEY_FILE = "OVSPEC_REMOTE_KEY_FILE"
+_TRUE = ("1", "true", "yes", "on")
+
+
+class RemoteBackend(Protocol):
+    """Bytes in and out of one remote; ``Remote`` makes every trust decision."""
+
+    read_only: bool
+
+    @property
+    def description(self) -> str: ...
+
+    def read_manifest(self, hex_: str) -> bytes | None: ...
+
+    def has_manifest(self, hex_: str) -> bool: ...
+
+    def open_payload(self, sha256: str) -> tuple[int, Iterator[bytes]] | None: ...
+
+    def list_manifests(self) -> Iterator[str]: ...
+
+    def write_payload(self, sha256: str, size_bytes: int, file: BinaryIO) -> bool: ...
+
+    def create_manifest(self, hex_: str, data: bytes) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """What ``--remote`` and its options (or ``OVSPEC_REMOTE*``) ask for."""
+
+    url: str
+    read_only: bool = False
+    key_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        scheme, sep, rest = self.url.partition("://")
+        bucket = rest.split("/", 1)[0]
+        if scheme != "s3" or not sep or len(bucket) < 3:
+            raise StoreError(
+                f"remote {self.url!r} is not s3://BUCKET[/PREFIX]; check "
+                f"{arg('remote', 's3://team-cache/ovspec')}"
+            )
+
+    @property
+    def bucket(self) -> str:
+        return self.url.partition("://")[2].split("/", 1)[0]
+
+    @property
+    def prefix(self) -> str:
+        parts = self.url.partition("://")[2].split("/", 1)
+        return parts[1].strip("/") if len(parts) > 1 else ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RemoteConfig | None:
+        env = os.environ if environ is None else environ
+        url = env.get(ENV_REMOTE, "").strip()
+        if not url:
+            return None
+        key_file = env.get(ENV_KEY_FILE, "").strip()
+        return cls(
+            url,
+            read_only=env.get(ENV_READ_ONLY, "").strip().lower() in _TRUE,
+            key_file=Path(key_file).expanduser() if key_file else None,
+        )
+
+
+class PublishOutcome(Enum):
+    PUBLISHED = "published"  # our manifest is the one readers see
+    ALREADY_PUBLISHED = "already_published"  # another writer's was there first
+
+
+@dataclass(frozen=True)
+class Published:
+    outcome: PublishOutcome
+    uploaded_bytes: int  # payload bytes sent (0: the payload or the manifest was there)
+
+
+class Remote:
+    """A remote whose every answer is checked. ``keys`` None: unsigned and signed
+    manifests are accepted (payloads are still verified against them); with keys, only
+    manifests one of them signed, and what this client publishes is signed."""
+
+    def __init__(
+        self, backend: RemoteBackend, *, keys: SigningKeys | None = None, url: str = ""
+    ) -> None:
+        self.backend = backend
+        self.keys = keys
+        self.url = url or backend.description
+        self._manifests: dict[str, Manifest] = {}  # verified ones; manifests never change
+        self._lock = threading.Lock()
+
+    @property
+    def read_only(self) -> bool:
+        return self.backend.read_only
+
+    @property
+    def description(self) -> str:
+        return self.backend.description
+
+    def manifest(self, key: BlobKey) -> Manifest | None:
+        """The verified manifest of ``key``; None if the remote has none."""
+        with self._lock:
+            known = self._manifests.get(key.hex)
+        if known is not None:
+            return known
+        data = self.backend.read_manifest(key.hex)
+        if data is None:
+            return None
+        manifest = Manifest.from_bytes(data)
+        manifest.check_names(key)
+        if self.keys is not None:
+            self.keys.verify(manifest)
+        with self._lock:
+            self._manifests[key.hex] = manifest
+        return manifest
+
+    def has(self, key: BlobKey) -> bool:
+        """Whether a manifest for ``key`` is there (not read, not verified: a hint)."""
+        with self._lock:
+            if key.hex in self._manifests:
+                return True
+        return self.backend.has_manifest(key.hex)
+
+    def fetch(self, key: BlobKey, dest: Path) -> Manifest | None:
+        """Write the payload of ``key`` to ``dest`` and return its manifest; None if the
+        remote has no manifest. Raises ``RemoteIntegrityError`` when the payload is not
+        what the manifest says (then ``dest`` is gone): nothing unverified is kept."""
+        manifest = self.manifest(key)
+        if manifest is None:
+            return None
+        ref, short = manifest.payload, key.hex[:12]
+        ok = False
+        try:
+            opened = self.backend.open_payload(ref.sha256)
+            if opened is None:
+                raise RemoteIntegrityError(
+                    f"manifest {short} names payload {ref.sha256[:12]}, which the remote lacks"
+                )
+            announced, chunks = opened
+            if announced != ref.size_bytes:
+                raise RemoteIntegrityError(
+                    f"the payload of {short} is {announced} bytes; its manifest says "
+                    f"{ref.size_bytes}"
+                )
+            sha, xx, got = hashlib.sha256(), xxhash.xxh3_128(), 0
+            with dest.open("wb") as f:
+                for chunk in chunks:
+                    got += len(chunk)
+                    if got > ref.size_bytes:
+                        raise RemoteIntegrityError(
+                            f"the server sent more than the {ref.size_bytes} bytes of {short}"
+                        )
+                    sha.update(chunk)
+                    xx.update(chunk)
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            if got != ref.size_bytes or sha.hexdigest() != ref.sha256:
+                raise RemoteIntegrityError(
+                    f"the payload of {short} failed verification: {got} bytes with sha256 "
+                    f"{sha.hexdigest()[:12]}, its manifest says {ref.size_bytes} bytes with "
+                    f"{ref.sha256[:12]}"
+                )
+            if xx.hexdigest() != ref.xxh3_128:
+                raise RemoteIntegrityError(f"manifest {short} records a wrong xxh3-128 checksum")
+            ok = True
+        finally:
+            if not ok:
+                with contextlib.suppress(FileNotFoundError):
+                    dest.unlink()
+        return manifest
+
+    def publish(
+        self,
+        key: BlobKey,
+        file: BinaryIO,
+        compile_s: float,
+        metadata: Mapping[str, str],
+        *,
+        expected_xxh3: str | None = None,
+    ) -> Published:
+        """Upload the payload in ``file`` (read from its start) and its manifest.
+
+        ``expected_xxh3``: the local store's checksum of the payload; a file that does
+        not hash to it is not uploaded (``ValueError``): only what the local store
+        verified leaves the machine.
+        """
+        if self.read_only:
+            raise RemoteReadOnlyError(f"the remote {self.url} is read-only here")
+        if self.backend.has_manifest(key.hex):
+            return Published(PublishOutcome.ALREADY_PUBLISHED, 0)  # before hashing anything
+        ref = describe_payload(file)
+        if expected_xxh3 is not None and ref.xxh3_128 != expected_xxh3:
+            raise ValueError(f"blob {key.hex[:12]} changed on disk; not uploading it")
+        manifest = new_manifest(key, ref, compile_s, metadata)
+        if self.keys is not None:
+            manifest = self.keys.sign(manifest)
+        uploaded = self.backend.write_payload(ref.sha256, ref.size_bytes, file)
+        created = self.backend.create_manifest(key.hex, manifest.to_bytes())
+        if created:
+            with self._lock:
+                self._manifests[key.hex] = manifest
+        return Published(
+            PublishOutcome.PUBLISHED if created else PublishOutcome.ALREADY_PUBLISHED,
+            ref.size_bytes if uploaded else 0,
+        )
+
+    def list(self) -> list[str]:
+        return list(self.backend.list_manifests())
+
+
+def open_remote(
+    config: RemoteConfig,
+    environ: Mapping[str, str] | None = None,
+    home: Path | None = None,
+) -> Remote:
+    """A ``Remote`` on S3 for ``config``: endpoint, region and credentials from the AWS
+    variables or files (``awsconfig``), the signing keys from ``config.key_file``.
+    Nothing is contacted yet. Needs obstore (``pip install 'ovspec[remote]'``)."""
+    from ovspec.store import awsconfig
+
+    try:
+        from ovspec.store.s3 import S3Backend, S3Settings
+    except ImportError as exc:
+        raise StoreError(
+            f"the remote tier needs obstore ({exc}); install it with `pip install 'ovspec[remote]'`"
+        ) from None
+    keys = SigningKeys.load(config.key_file) if config.key_file is not None else None
+    aws = awsconfig.resolve(environ, home)
+    settings = S3Settings(
+        bucket=config.bucket,
+        prefix=config.prefix,
+        endpoint=aws.endpoint,
+        region=aws.region,
+        access_key_id=aws.access_key_id,
+        secret_access_key=aws.secret_access_key,
+        session_token=aws.session_token,
+    )
+    return Remote(S3Backend(settings, read_only=config.read_only), keys=keys, url=config.url)

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Remote tier benchmark: a second machine's spawn -> first token with a warm remote vs a
+cold compile vs a warm local store, as paired ratios in one run, and the bytes a ladder
+moves. Starts its own SeaweedFS on 127.0.0.1; writes docs/benchmarks/results/remote.json
+and renders docs/benchmarks/remote.md from it.
+
+    python tools/bench_remote.py                         # the 0.5B-shaped built-in model
+    python tools/bench_remote.py --model builtin:tiny --ladder 32,64 --repeats 1 --pages-dir /tmp/p
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+from ovspec.bench.build_records import DEFAULT_MODELS_DIR
+from ovspec.bench.pages import write_page
+from ovspec.bench.remote_bench import PAGE, Settings, run_benchmark
+from ovspec.cli import error_text
+from ovspec.cli.options import chunk_option, ladder_option, phases_option
+from ovspec.errors import OvspecError
+from ovspec.ladder import Ladder
+
+PAGES_DIR = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--model",
+    "model_reference",
+    default="builtin:qwen2.5-0.5b",
+    show_default=True,
+    help="Model folder, or builtin:PRESET (written once under --models-dir).",
+)
+@click.option(
+    "--models-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_MODELS_DIR,
+    show_default=True,
+    help="Where built-in models are written and reused between runs.",
+)
+@ladder_option
+@phases_option
+@chunk_option
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Prompt length of each first-token run.",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Repeats of the three arms (rotated order).",
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(tempfile.gettempdir()),
+    show_default=True,
+    help="Where the stores and the server's data go (deleted afterwards).",
+)
+@click.option(
+    "--pages-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=PAGES_DIR,
+    show_default=True,
+    help="Where the results file and the page are written.",
+)
+def main(
+    model_reference: str,
+    models_dir: Path,
+    ladder: Ladder,
+    phases: str,
+    chunk_tokens: int,
+    prompt_tokens: int,
+    repeats: int,
+    work_dir: Path,
+    pages_dir: Path,
+) -> None:
+    """Time a fresh process to its first token: cold compile, warm remote, warm local."""
+    command = shlex.join(["python", "tools/bench_remote.py", *sys.argv[1:]])
+    started = time.perf_counter()
+
+    def say(message: str) -> None:
+        click.echo(f"[{time.perf_counter() - started:7.1f} s] {message}", err=True)
+
+    scratch = Path(tempfile.mkdtemp(prefix="ovspec-bench-remote-", dir=work_dir))
+    try:
+        settings = Settings(
+            model_reference=model_reference,
+            models_dir=models_dir,
+            ladder=ladder,
+            phases=phases,
+            chunk_tokens=chunk_tokens,
+            prompt_tokens=prompt_tokens,
+            repeats=repeats,
+            work_dir=scratch,
+        )
+        results = run_benchmark(settings, say)
+    except OvspecError as exc:
+        click.echo(f"bench_remote: error: {error_text(exc)}", err=True)
+        sys.exit(exc.exit_code)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    results["command"] = command
+    results["wall_s"] = round(time.perf_counter() - started, 1)
+    page = write_page(pages_dir, PAGE, results)
+    click.echo(page.read_text(encoding="utf-8"))
+    say(f"wrote {page}")
+
+
+if __name__ == "__main__":
+    main()
