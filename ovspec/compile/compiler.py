@@ -2,8 +2,9 @@
 
 A ``Compiler`` prepares the dynamic graph once (read, compress, stateless), derives
 each specialization's key from named components, builds missing blobs into the
-store and imports blobs from memory-mapped files. It is thread-safe: the loader
-calls it from a background worker while the decode thread imports.
+store and imports blobs from memory-mapped files, or (``LoadMode.COMPILE``, CPU's
+default in ``ovspec.open``) compiles each graph from the prepared IR. It is thread-safe:
+the loader calls it from a background worker while the decode thread imports.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -22,12 +24,26 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from ovspec.compile.devices import DeviceFacts, compiler_version, key_properties, resolve_device
+from ovspec.compile.devices import (
+    DeviceFacts,
+    compiler_version,
+    device_family,
+    key_properties,
+    resolve_device,
+)
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.rewrites import GraphRewrite, RewriteSet
 from ovspec.ir.roles import ModelRoles
-from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir, transforms_id
+from ovspec.ir.specialize import (
+    DynamicLLM,
+    Phase,
+    Specialization,
+    prepare,
+    read_ir,
+    transforms_id,
+)
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
 from ovspec.store.local import BlobOutcome, ProducedBlob, Store
@@ -46,6 +62,25 @@ class BlobMode(Enum):
 
     FULL = "full"
     WEIGHTLESS = "weightless"
+
+
+class LoadMode(Enum):
+    """How ``Compiler.load`` makes a graph ready.
+
+    IMPORT builds the blob into the store (on a miss) and imports it: the NPU path, and
+    a CPU option. COMPILE compiles the specialization from the prepared IR in memory and
+    never touches the store: OpenVINO 2026.4's CPU plugin re-classifies an imported
+    graph after its transformations, so every imported CPU graph loses the LLM
+    treatment and unpacks f16 weights to f32 (2x the memory, ~1.6x the step, measured;
+    DESIGN.md §10.12). ``ovspec.open`` picks COMPILE for CPU.
+    """
+
+    IMPORT = "import"
+    COMPILE = "compile"
+
+
+def default_load_mode(device: str) -> LoadMode:
+    return LoadMode.COMPILE if device_family(device) == "CPU" else LoadMode.IMPORT
 
 
 def blob_compile_properties(mode: BlobMode) -> dict[str, str]:
@@ -128,6 +163,9 @@ class Compiler:
         memo: DigestMemo | None = None,
         blob_mode: BlobMode = BlobMode.WEIGHTLESS,
         llm: DynamicLLM | None = None,
+        rewrites: RewriteSet | None = None,
+        load_mode: LoadMode = LoadMode.IMPORT,
+        rung_chunk_tokens: int | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.device = device
@@ -136,6 +174,18 @@ class Compiler:
         self.compression = compression or Compression()
         self.patch_id = patch_id
         self.blob_mode = blob_mode
+        self.rewrites = rewrites if rewrites is not None else RewriteSet.for_device(
+            device_family(device)
+        )
+        self.load_mode = load_mode
+        # With the live-tokens state a prefill graph takes 1..P tokens per call, so it
+        # also decodes: given P, COMPILE mode serves a rung's decode from that graph
+        # (one compiled graph, one copy of the weights per rung; DESIGN.md §10.12).
+        self.rung_chunk_tokens = (
+            rung_chunk_tokens
+            if load_mode is LoadMode.COMPILE and GraphRewrite.LIVE_STATE in self.rewrites
+            else None
+        )
         self._compile_properties = {**self.properties, **blob_compile_properties(blob_mode)}
         self._core = ov.Core()
         self.facts: DeviceFacts = resolve_device(self._core, device, self.properties)
@@ -144,6 +194,13 @@ class Compiler:
         self._roles: ModelRoles | None = None  # from a stored blob's metadata
         self._llm_lock = threading.Lock()
         self._static_values: dict[str, str] | None = None
+        # COMPILE mode: graphs alive in some Program, and one gate per graph so two
+        # threads asking for the same graph compile it once.
+        self._graphs: weakref.WeakValueDictionary[Specialization, ov.CompiledModel] = (
+            weakref.WeakValueDictionary()
+        )
+        self._gates: dict[Specialization, threading.Lock] = {}
+        self._graphs_lock = threading.Lock()
 
     # -- the dynamic graph, prepared once -----------------------------------------
 
@@ -185,7 +242,7 @@ class Compiler:
                 "ir_structure": self._memo.digest(self.model_dir.xml_path),
                 "weights": self._memo.digest(self.model_dir.bin_path),
                 "compression": self.compression.canonical,
-                "transforms": transforms_id(),
+                "transforms": transforms_id(self.rewrites),
                 "device": self.facts.device,
                 "device_architecture": self.facts.architecture,
                 "openvino": ov.get_version(),
@@ -235,7 +292,10 @@ class Compiler:
         )
 
     def load(self, spec: Specialization) -> Program:
-        """Build if needed, then import the blob from its memory-mapped file."""
+        """IMPORT: build if needed, then import the blob from its memory-mapped file.
+        COMPILE: compile the specialization (or reuse its rung's graph) from the IR."""
+        if self.load_mode is LoadMode.COMPILE:
+            return self._compile_program(spec)
         built = self._build(spec)
         began = time.perf_counter()
         try:
@@ -269,8 +329,55 @@ class Compiler:
             ) from exc
         return compiled, mapped
 
+    def graph_spec(self, spec: Specialization) -> Specialization:
+        """The specialization whose graph serves ``spec`` in COMPILE mode: a rung's
+        decode runs on its prefill graph when that graph takes 1..P tokens."""
+        if self.rung_chunk_tokens is None or spec.phase is Phase.PREFILL:
+            return spec
+        chunk = min(self.rung_chunk_tokens, spec.capacity_tokens)
+        return Specialization.prefill(spec.capacity_tokens, chunk)
+
+    def specialize(self, spec: Specialization) -> ov.Model:
+        """``spec`` as a graph with this compiler's rewrites."""
+        llm = self.llm()
+        with self._llm_lock:  # clones of one model, one at a time
+            return llm.specialize(spec, self.rewrites)
+
+    def _compile_program(self, spec: Specialization) -> Program:
+        target = self.graph_spec(spec)
+        with self._graphs_lock:
+            gate = self._gates.setdefault(target, threading.Lock())
+        with gate:
+            compiled = self._graphs.get(target)
+            compile_s = 0.0
+            if compiled is None:
+                model = self.specialize(target)
+                began = time.perf_counter()
+                try:
+                    compiled = self._core.compile_model(model, self.device, self.properties)
+                except RuntimeError as exc:
+                    raise CompileError(
+                        f"{self.device} failed to compile {target.label}: {openvino_message(exc)}"
+                    ) from exc
+                compile_s = time.perf_counter() - began
+                del model
+                self._graphs[target] = compiled
+                log.debug("compiled %s from the IR in %.3f s", target.label, compile_s)
+        outcome = BuildOutcome(
+            spec=spec,
+            key_hex=self.key(target).hex,
+            hit=False,  # not from the store (0 s: the rung's graph was compiled already)
+            compile_s=compile_s,
+            export_s=0.0,
+            wait_s=0.0,
+            blob_bytes=0,
+            path=Path(),
+            stored=False,
+        )
+        return Program(spec, compiled, outcome, 0.0, np.empty(0, dtype=np.uint8))
+
     def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float]:
-        model = self.llm().specialize(spec)
+        model = self.specialize(spec)
         began = time.perf_counter()
         try:
             compiled = self._core.compile_model(model, self.device, self._compile_properties)

@@ -125,6 +125,7 @@ def test_a_warm_start_never_reads_the_ir(
         "properties": EXACT_CPU_PROPERTIES,
         "store": store,
         "prefill_chunk_tokens": 8,
+        "load_mode": "import",  # the store path (CPU's default compiles from the IR)
     }
     with ovspec.open(qwen2_dir, **options) as loader:  # type: ignore[arg-type]
         cold = decode(loader, prompt, max_new_tokens=100)
