@@ -9,4 +9,5 @@ from ovspec.cli import (  # noqa: F401
     generate,
     patch,
     plan,
+    profile,
 )

@@ -83,6 +83,16 @@ def default_load_mode(device: str) -> LoadMode:
     return LoadMode.COMPILE if device_family(device) == "CPU" else LoadMode.IMPORT
 
 
+def serving_spec(spec: Specialization, rung_chunk_tokens: int | None) -> Specialization:
+    """The graph that serves ``spec`` when a rung's prefill graph takes 1..P tokens (the
+    live-tokens rewrite) and also decodes: one graph per rung. ``None``: ``spec``'s own."""
+    if rung_chunk_tokens is None or spec.phase is Phase.PREFILL:
+        return spec
+    return Specialization.prefill(
+        spec.capacity_tokens, min(rung_chunk_tokens, spec.capacity_tokens)
+    )
+
+
 def blob_compile_properties(mode: BlobMode) -> dict[str, str]:
     """Compile properties that make a device export a weightless blob.
 
@@ -174,8 +184,8 @@ class Compiler:
         self.compression = compression or Compression()
         self.patch_id = patch_id
         self.blob_mode = blob_mode
-        self.rewrites = rewrites if rewrites is not None else RewriteSet.for_device(
-            device_family(device)
+        self.rewrites = (
+            rewrites if rewrites is not None else RewriteSet.for_device(device_family(device))
         )
         self.load_mode = load_mode
         # With the live-tokens state a prefill graph takes 1..P tokens per call, so it
@@ -330,12 +340,8 @@ class Compiler:
         return compiled, mapped
 
     def graph_spec(self, spec: Specialization) -> Specialization:
-        """The specialization whose graph serves ``spec`` in COMPILE mode: a rung's
-        decode runs on its prefill graph when that graph takes 1..P tokens."""
-        if self.rung_chunk_tokens is None or spec.phase is Phase.PREFILL:
-            return spec
-        chunk = min(self.rung_chunk_tokens, spec.capacity_tokens)
-        return Specialization.prefill(spec.capacity_tokens, chunk)
+        """The specialization whose graph serves ``spec`` in COMPILE mode."""
+        return serving_spec(spec, self.rung_chunk_tokens)
 
     def specialize(self, spec: Specialization) -> ov.Model:
         """``spec`` as a graph with this compiler's rewrites."""

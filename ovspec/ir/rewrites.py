@@ -228,7 +228,9 @@ def attention_sites(model: ov.Model, roles: ModelRoles) -> list[AttentionSite]:
         _check_repeat(path_k, kv_heads, q_heads, layer)
         _check_repeat(path_v, kv_heads, q_heads, layer)
         mshape = sdpa.get_input_partial_shape(3)
-        if mshape.rank.get_length() != 4 or not (mshape[1].is_static and mshape[1].get_length() == 1):
+        if mshape.rank.get_length() != 4 or not (
+            mshape[1].is_static and mshape[1].get_length() == 1
+        ):
             raise RewriteRefused(f"layer {layer}: mask {mshape} is not [B,1,L,S]")
         sites.append(AttentionSite(layer, sdpa, kc, vc, kv_heads, q_heads // kv_heads, head_dim))
     if not sites:
@@ -291,7 +293,9 @@ def split_attention(model: ov.Model, roles: ModelRoles) -> int:
         # Past block: view rows as (g, p) so the [B,1,P,C] mask broadcasts over g.
         scores = ops.matmul(qg, past_k, False, True, name=f"{name}/split/scores_past")
         rows5 = ops.concat([_dims(scores, [0, 1]), _i64([s.groups, -1]), _dims(scores, [3])], 0)
-        masked = ops.add(ops.reshape(scores, rows5, False), ops.unsqueeze(halves.output(0), _i64([2])))
+        masked = ops.add(
+            ops.reshape(scores, rows5, False), ops.unsqueeze(halves.output(0), _i64([2]))
+        )
         scores_past = ops.reshape(masked, ops.shape_of(scores, ov.Type.i64), False)
         # Chunk block: its mask rows tiled G times (tiny: G*P x P), an SDPA and its lse.
         chunk_mask = ops.tile(halves.output(1), _i64([1, 1, s.groups, 1]))
@@ -345,7 +349,9 @@ def last_position_logits(model: ov.Model, roles: ModelRoles) -> None:
     ids = _parameter(model, roles.input_ids).output(0)
     mask = _parameter(model, roles.attention_mask).output(0)
     chunk = _dims(ids, [1])
-    tail = ops.slice(mask, ops.negative(chunk), _i64([np.iinfo(np.int64).max]), _i64([1]), _i64([1]))
+    tail = ops.slice(
+        mask, ops.negative(chunk), _i64([np.iinfo(np.int64).max]), _i64([1]), _i64([1])
+    )
     real = ops.reduce_sum(ops.convert(tail, ov.Type.i64), _i64([1]), False)  # [B]
     row = ops.subtract(ops.gather(real, _i64(0), _i64(0)), _i64(1))  # scalar
     last = ops.unsqueeze(ops.gather(hidden, row, _i64(1)), _i64([1]))
@@ -393,5 +399,6 @@ def live_tokens_state(model: ov.Model, roles: ModelRoles, capacity_tokens: int) 
             target.replace_source_output(positions.output(0))
         model.remove_parameter(pos_param)
     model.add_sinks([ops.assign(ops.convert(ops.add(live, chunk), ov.Type.i32), variable)])
-    model.add_variables([variable])
+    if not any(v.get_info().variable_id == LIVE_TOKENS_VARIABLE for v in model.get_variables()):
+        model.add_variables([variable])  # add_sinks registers it in some OpenVINO versions
     model.validate_nodes_and_infer_types()

@@ -141,7 +141,12 @@ class DynamicLLM:
             chunk = ov.Dimension(1, spec.chunk_tokens)
             shapes[self.roles.input_ids] = ov.PartialShape([1, chunk])
             shapes[self.roles.attention_mask] = ov.PartialShape(
-                [1, ov.Dimension(spec.capacity_tokens + 1, spec.capacity_tokens + spec.chunk_tokens)]
+                [
+                    1,
+                    ov.Dimension(
+                        spec.capacity_tokens + 1, spec.capacity_tokens + spec.chunk_tokens
+                    ),
+                ]
             )
             if self.roles.position_ids is not None:
                 shapes[self.roles.position_ids] = ov.PartialShape([1, chunk])

@@ -115,7 +115,9 @@ class _Bound:
             if self._has_positions:
                 assert roles.position_ids is not None
                 positions = self.position_ids[:, :width]
-                self.request.set_tensor(roles.position_ids, ov.Tensor(positions, shared_memory=True))
+                self.request.set_tensor(
+                    roles.position_ids, ov.Tensor(positions, shared_memory=True)
+                )
         self._fed = width
 
     def run(self) -> None:

@@ -14,6 +14,7 @@ from ovspec.compile.compiler import BlobMode, Compiler, _FileSink
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
+from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import CopyAndGrowKV
@@ -37,7 +38,13 @@ class CompilerPrograms:
         pass  # tests keep every graph
 
 
+# The blob path's tests feed mask and positions: CPU's default rewrites minus the
+# live-tokens state (that graph builds its own; tests/ir/test_rewrites.py covers it).
+STORE_REWRITES = RewriteSet.parse("split-attention+last-position-logits")
+
+
 def make(model_dir: Path, store: Store, **kwargs: object) -> Compiler:
+    kwargs.setdefault("rewrites", STORE_REWRITES)
     return Compiler(ModelDir.open(model_dir), "CPU", EXACT_CPU_PROPERTIES, store, **kwargs)  # type: ignore[arg-type]
 
 
