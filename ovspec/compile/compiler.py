@@ -151,6 +151,9 @@ class Program:
     # The mapped blob file: the CPU plugin keeps pointing into it, so it must live as
     # long as ``compiled`` (dropping it segfaults inference).
     backing: np.ndarray
+    # COMPILE mode: the graph was compiled (and run) for another specialization of its
+    # rung already, e.g. the decode of a rung whose prefill graph also decodes.
+    reused: bool = False
 
 
 def prepare_model(model_dir: ModelDir, compression: Compression) -> DynamicLLM:
@@ -380,7 +383,8 @@ class Compiler:
             path=Path(),
             stored=False,
         )
-        return Program(spec, compiled, outcome, 0.0, np.empty(0, dtype=np.uint8))
+        reused = compile_s == 0.0
+        return Program(spec, compiled, outcome, 0.0, np.empty(0, dtype=np.uint8), reused)
 
     def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float]:
         model = self.specialize(spec)

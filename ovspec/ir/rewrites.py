@@ -271,6 +271,12 @@ def _scaled_query(site: AttentionSite) -> ov.Output:
     return ops.reshape(q, _i64([0, site.kv_heads, -1, site.head_dim]), True).output(0)
 
 
+def _length(out: ov.Output, axis: int) -> ov.Output:
+    """Dimension ``axis`` of ``out`` as an i64 [1]: a constant when it is static."""
+    dim = out.get_partial_shape()[axis]
+    return _i64([dim.get_length()]) if dim.is_static else _dims(out, [axis])
+
+
 def split_attention(model: ov.Model, roles: ModelRoles) -> int:
     """Rewrite every attention site in place; returns how many.
 
@@ -282,23 +288,28 @@ def split_attention(model: ov.Model, roles: ModelRoles) -> int:
     probabilities and the chunk block's weight.
     """
     sites = attention_sites(model, roles)
+    # Layers share their mask: split and tile it once per (mask, group count).
+    masks: dict[tuple[int, int, int], tuple[ov.Output, ov.Output, ov.Output]] = {}
     for s in sites:
         name = s.sdpa.get_friendly_name()
         qg = _scaled_query(s)
         past_k, new_k = s.key_concat.input_value(0), s.key_concat.input_value(1)
         past_v, new_v = s.value_concat.input_value(0), s.value_concat.input_value(1)
-        capacity = _dims(past_k, [2])
-        mask = _additive(s.mask, qg.get_element_type())  # [B, 1, P, C+P]
-        halves = ops.variadic_split(mask, _i64(-1), ops.concat([capacity, _i64([-1])], 0))
-        # Past block: view rows as (g, p) so the [B,1,P,C] mask broadcasts over g.
+        capacity = _length(past_k, 2)
+        cache = (s.mask.get_node().get_instance_id(), s.mask.get_index(), s.groups)
+        if cache not in masks:
+            mask = _additive(s.mask, qg.get_element_type())  # [B, 1, P, C+P]
+            halves = ops.variadic_split(mask, _i64(-1), ops.concat([capacity, _i64([-1])], 0))
+            # Past block rows are viewed as (g, p): its [B,1,P,C] mask broadcasts over g.
+            past_mask = ops.unsqueeze(halves.output(0), _i64([2])).output(0)
+            # Chunk block: its mask rows tiled G times (tiny: G*P x P).
+            chunk_mask = ops.tile(halves.output(1), _i64([1, 1, s.groups, 1])).output(0)
+            masks[cache] = (past_mask, chunk_mask, capacity)
+        past_mask, chunk_mask, capacity = masks[cache]
         scores = ops.matmul(qg, past_k, False, True, name=f"{name}/split/scores_past")
-        rows5 = ops.concat([_dims(scores, [0, 1]), _i64([s.groups, -1]), _dims(scores, [3])], 0)
-        masked = ops.add(
-            ops.reshape(scores, rows5, False), ops.unsqueeze(halves.output(0), _i64([2]))
-        )
-        scores_past = ops.reshape(masked, ops.shape_of(scores, ov.Type.i64), False)
-        # Chunk block: its mask rows tiled G times (tiny: G*P x P), an SDPA and its lse.
-        chunk_mask = ops.tile(halves.output(1), _i64([1, 1, s.groups, 1]))
+        rows5 = ops.concat([_i64([0, 0, s.groups, -1]), capacity], 0)
+        masked = ops.add(ops.reshape(scores, rows5, True), past_mask)
+        scores_past = ops.reshape(masked, ops.concat([_i64([0, 0, -1]), capacity], 0), True)
         chunk_scores = ops.add(ops.matmul(qg, new_k, False, True), chunk_mask)
         peak = ops.reduce_max(chunk_scores, _i64([-1]), True)
         spread = ops.exp(ops.subtract(chunk_scores, peak))
@@ -313,7 +324,8 @@ def split_attention(model: ov.Model, roles: ModelRoles) -> int:
             ops.matmul(parts.output(0), past_v, False, False, name=f"{name}/split/context_past"),
             ops.multiply(parts.output(1), chunk_out),
         )
-        out = ops.reshape(context, ops.shape_of(s.query, ov.Type.i64), False, name=f"{name}/split")
+        heads = s.kv_heads * s.groups
+        out = ops.reshape(context, _i64([0, heads, -1, s.head_dim]), True, name=f"{name}/split")
         s.sdpa.output(0).replace(out.output(0))
     model.validate_nodes_and_infer_types()
     return len(sites)

@@ -122,7 +122,10 @@ class Loader:
         if prefill is None:
             self._obtain(decode, record_wait=False)
             return
-        self._submit(decode, foreground=True)
+        # One graph may serve the rung's prefill and decode (COMPILE mode on CPU): then
+        # the prompt's graph is the first decode graph too, and the worker stays idle.
+        if self.compiler.graph_spec(decode) != self.compiler.graph_spec(prefill):
+            self._submit(decode, foreground=True)
         self._obtain(prefill, record_wait=False)
 
     def get(self, spec: Specialization | int) -> ov.CompiledModel:
@@ -266,8 +269,9 @@ class Loader:
             self._record(EventKind.COMPILED, spec, foreground, seconds=build.compile_s)
         warm_s = 0.0
         # A prefill graph is not warmed: its warm-up is a whole prompt chunk of zeros
-        # (seconds on a large model), paid once by the real prompt anyway.
-        if self.warm_up and spec.phase is Phase.DECODE:
+        # (seconds on a large model), paid once by the real prompt anyway. Nor is a graph
+        # another specialization already brought in (a rung's prefill graph that decodes).
+        if self.warm_up and spec.phase is Phase.DECODE and not program.reused:
             warm_s = warm_up(program.compiled)
             self._warmed = True
         self._record(

@@ -48,6 +48,9 @@ def costs_8k(c8k: float = 12.0, c4k: float = 8.0) -> RungCosts:
 class FakeCompiler:
     """Stands in for ``Compiler`` in a Loader: every load is instant."""
 
+    def graph_spec(self, spec: Specialization) -> Specialization:
+        return spec  # every specialization has its own graph
+
     def load(self, spec: Specialization) -> Program:
         build = BuildOutcome(spec, "0" * 32, False, 0.0, 0.0, 0.0, 1, Path("/dev/null"))
         return Program(spec, object(), build, 0.0, None)  # type: ignore[arg-type]
