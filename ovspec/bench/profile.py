@@ -162,44 +162,67 @@ def _rung_step(
     return _timed_steps(request, steps, before), kv_bytes
 
 
-def _stateful_step(
-    core: ov.Core,
+class StatefulPeer:
+    """The original stateful IR compiled once: decode steps at any live length."""
+
+    def __init__(
+        self, model_dir: ModelDir, device: str, properties: Mapping[str, str], core: ov.Core
+    ) -> None:
+        model = read_ir(model_dir.xml_path)
+        self.stateful = bool(model.get_variables())
+        self._compiled = (
+            core.compile_model(model, device, dict(properties)) if self.stateful else None
+        )
+
+    def step(self, live_tokens: int, steps: int) -> StepProfile | None:
+        """Median of ``steps`` decode steps, each from the same ``live_tokens``."""
+        if self._compiled is None:
+            return None
+        request = self._compiled.create_infer_request()
+        names = {port.get_any_name() for port in self._compiled.inputs}
+
+        def feed(ids: Sequence[int], start: int) -> None:
+            n = len(ids)
+            request.set_tensor("input_ids", ov.Tensor(np.array([ids], dtype=np.int64)))
+            mask = np.ones((1, start + n), dtype=np.int64)
+            request.set_tensor("attention_mask", ov.Tensor(mask))
+            if "position_ids" in names:
+                positions = np.arange(start, start + n, dtype=np.int64)[None]
+                request.set_tensor("position_ids", ov.Tensor(positions))
+            if "beam_idx" in names:
+                request.set_tensor("beam_idx", ov.Tensor(np.zeros(1, dtype=np.int32)))
+
+        request.reset_state()
+        prompt = [1 + (i * 7) % 97 for i in range(live_tokens)]
+        for start in range(0, live_tokens, 256):
+            feed(prompt[start : start + 256], start)
+            request.infer()
+        saved = [(s, ov.Tensor(np.array(s.state.data, copy=True))) for s in request.query_state()]
+        feed([5], live_tokens)
+
+        def restore() -> None:  # every step decodes at the same length
+            for state, tensor in saved:
+                state.state = tensor
+
+        return _timed_steps(request, steps, restore if live_tokens else None)
+
+
+def stateful_floor_ms(
     model_dir: ModelDir,
-    live_tokens: int,
+    live_tokens: Sequence[int],
     device: str,
     properties: Mapping[str, str],
-    steps: int,
-) -> StepProfile | None:
-    model = read_ir(model_dir.xml_path)
-    if not model.get_variables():
-        return None
-    compiled = core.compile_model(model, device, dict(properties))
-    request = compiled.create_infer_request()
-    names = {port.get_any_name() for port in compiled.inputs}
-
-    def feed(ids: Sequence[int], start: int) -> None:
-        n = len(ids)
-        request.set_tensor("input_ids", ov.Tensor(np.array([ids], dtype=np.int64)))
-        request.set_tensor("attention_mask", ov.Tensor(np.ones((1, start + n), dtype=np.int64)))
-        if "position_ids" in names:
-            positions = np.arange(start, start + n, dtype=np.int64)[None]
-            request.set_tensor("position_ids", ov.Tensor(positions))
-        if "beam_idx" in names:
-            request.set_tensor("beam_idx", ov.Tensor(np.zeros(1, dtype=np.int32)))
-
-    request.reset_state()
-    prompt = [1 + (i * 7) % 97 for i in range(live_tokens)]
-    for start in range(0, live_tokens, 256):
-        feed(prompt[start : start + 256], start)
-        request.infer()
-    saved = [(s, ov.Tensor(np.array(s.state.data, copy=True))) for s in request.query_state()]
-    feed([5], live_tokens)
-
-    def restore() -> None:  # every step decodes at the same length
-        for state, tensor in saved:
-            state.state = tensor
-
-    return _timed_steps(request, steps, restore if live_tokens else None)
+    steps: int = DEFAULT_PROFILE_STEPS,
+) -> dict[int, float]:
+    """The dynamic stateful model's decode step (median ms) at each live length: the
+    measured floor a rung's step is held to. Empty for a stateless IR."""
+    peer = StatefulPeer(model_dir, device, properties, ov.Core())
+    out: dict[int, float] = {}
+    for live in live_tokens:
+        profile = peer.step(live, steps)
+        if profile is not None:
+            out[live] = profile.step_ms
+    return out
 
 
 def weights_read_ms(bin_path: Path, repeats: int = 3) -> tuple[int, float]:
@@ -246,7 +269,7 @@ def profile_rung(
     one_graph = chunk_tokens if GraphRewrite.LIVE_STATE in rewrite_set else None
     spec = serving_spec(Specialization.decode(capacity_tokens), one_graph)
     rung, kv_bytes = _rung_step(core, model_dir, spec, live, device, props, rewrite_set, steps)
-    stateful = _stateful_step(core, model_dir, live, device, props, steps)
+    stateful = StatefulPeer(model_dir, device, props, core).step(live, steps)
     size, read_ms = weights_read_ms(model_dir.bin_path)
     return RungProfile(
         model=str(model_dir.root),

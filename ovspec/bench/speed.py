@@ -186,7 +186,8 @@ def run_speed(
             "short_tokens": config.short_tokens,
             "repetitions": config.repetitions,
             "prefill_chunk_tokens": config.prefill_chunk_tokens,
-            "arms": {a: ARMS[a].description for a in config.arms},
+            # A list, not a mapping: the saved results sort mapping keys.
+            "arms": [[a, ARMS[a].description] for a in config.arms],
             "properties": dict(properties),
             "bands": config.bands(),
         },
