@@ -149,6 +149,7 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
         properties=EXACT_CPU_PROPERTIES,
         store=store,
         prefill_chunk_tokens=8,
+        load_mode="import",  # a decode graph of its own (CPU's default shares one)
     ) as loader:
         result = decode(loader, prompt, max_new_tokens=20)
     starts = {e.spec: e for e in result.events if e.kind is EventKind.LOAD_START}
@@ -162,3 +163,37 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
         e.at_s for e in result.events if e.kind is EventKind.LOADED and e.spec.startswith("pre")
     )
     assert prefill_loaded <= result.ready_s <= result.first_token_s
+
+
+def test_cpu_compiles_one_graph_per_rung_from_the_ir(qwen2_dir: Path, store: Store) -> None:
+    """CPU's default: each rung compiled from the IR, its prefill graph also decoding;
+    the store is never read nor written (DESIGN.md §10.12)."""
+    prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
+    expected = StatefulRunner(
+        ov.Core().read_model(qwen2_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
+    ).greedy(prompt, 60)
+    with ovspec.open(
+        qwen2_dir,
+        ladder="32,64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        prefill_chunk_tokens=8,
+    ) as loader:
+        result = decode(loader, prompt, max_new_tokens=60, release_passed_rungs=False)
+        prefill = loader.program(Specialization.prefill(32, 8))
+        decode32 = loader.program(Specialization.decode(32))
+        assert prefill is not None and decode32 is not None
+        assert decode32.compiled is prefill.compiled and decode32.reused
+        inputs = {port.get_any_name() for port in prefill.compiled.inputs}
+        assert "attention_mask" not in inputs  # the live-tokens state builds it
+    assert list(result.token_ids) == expected
+    kinds = {e.kind for e in result.events}
+    assert EventKind.STORE_HIT not in kinds and EventKind.COMPILED in kinds
+    # The worker stays idle at start: decode@32 is asked for by the first decode step,
+    # after the prompt, and is the prefill graph already there.
+    prefill_in = next(e for e in result.events if e.kind is EventKind.LOADED)
+    decode_start = next(
+        e for e in result.events if e.kind is EventKind.LOAD_START and e.spec == "decode@32"
+    )
+    assert prefill_in.spec == "prefill@32x8" and decode_start.at_s >= result.first_token_s
+    assert store.stats().entries == 0
