@@ -90,8 +90,8 @@ class _Bound:
             self.request.set_tensor(name, tensor)
 
     def feed(self, token_ids: Sequence[int], live_tokens: int) -> None:
-        """Put ``token_ids`` (1..chunk of them) at positions ``live_tokens``...; the past
-        mask is the caller's (``begin``/``commit``)."""
+        """Put ``token_ids`` (1..chunk of them) at positions from ``live_tokens`` on; the
+        past part of the mask stays the caller's to keep."""
         n = len(token_ids)
         width = n if self.chunk_varies else self.chunk
         if self.live_state and width != n:
