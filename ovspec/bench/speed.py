@@ -193,9 +193,19 @@ def run_speed(
         },
         "environment": _plain(env),
         "wall_s": time.perf_counter() - began,
-        "runs": runs,
         "summary": summarize(runs, config.prompt_tokens, config.bands()),
+        # Per run: token times kept (the bands are recomputable), ids only as a head and
+        # a count (the summary holds the comparison with genai's).
+        "runs": [_slim(run) for run in runs],
     }
+
+
+def _slim(run: Mapping[str, Any]) -> dict[str, Any]:
+    ids = list(run["token_ids"])
+    out = {k: v for k, v in run.items() if k != "token_ids"}
+    out["token_ids_head"] = ids[:8]
+    out["tokens"] = len(ids)
+    return out
 
 
 def _plain(value: Any) -> Any:
