@@ -14,7 +14,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,17 +104,40 @@ def _medians(samples: Sequence[dict[str, float]]) -> dict[str, float]:
     return dict(sorted(med.items(), key=lambda kv: -kv[1]))
 
 
-def _timed_steps(request: ov.InferRequest, steps: int, before: Any = None) -> StepProfile:
-    walls: list[float] = []
-    samples: list[dict[str, float]] = []
-    for _ in range(steps + 1):  # the first call pays one-time costs: not counted
-        if before is not None:
-            before()
+@dataclass
+class Stepper:
+    """One graph ready to run the same decode step again and again."""
+
+    request: ov.InferRequest
+    before: Callable[[], None] | None = None  # puts the live length back
+    keep: tuple[Any, ...] = ()  # arrays the request's shared tensors point into
+
+    def step(self) -> tuple[float, dict[str, float]]:
+        if self.before is not None:
+            self.before()
         began = time.perf_counter()
-        request.infer()
-        walls.append((time.perf_counter() - began) * 1e3)
-        samples.append(_by_type(request))
-    return StepProfile(statistics.median(walls[1:]), _medians(samples[1:]))
+        self.request.infer()
+        return (time.perf_counter() - began) * 1e3, _by_type(self.request)
+
+
+def interleaved(steppers: Sequence[Stepper], steps: int) -> list[StepProfile]:
+    """Each stepper ``steps`` times, alternating step by step (a shared machine's load
+    hits them alike); the first call of each pays one-time costs and is not counted."""
+    for stepper in steppers:
+        stepper.step()
+    walls: list[list[float]] = [[] for _ in steppers]
+    samples: list[list[dict[str, float]]] = [[] for _ in steppers]
+    for round_index in range(steps):
+        order = list(range(len(steppers)))
+        if round_index % 2:
+            order.reverse()
+        for i in order:
+            wall, by_type = steppers[i].step()
+            walls[i].append(wall)
+            samples[i].append(by_type)
+    return [
+        StepProfile(statistics.median(w), _medians(t)) for w, t in zip(walls, samples, strict=True)
+    ]
 
 
 def _rung_step(
@@ -125,24 +148,25 @@ def _rung_step(
     device: str,
     properties: Mapping[str, str],
     rewrites: RewriteSet,
-    steps: int,
-) -> tuple[StepProfile, int]:
+) -> tuple[Stepper, int]:
     llm = prepare(read_ir(model_dir.xml_path))
     compiled = core.compile_model(llm.specialize(spec, rewrites), device, dict(properties))
     request = compiled.create_infer_request()
     roles = llm.roles
     rng = np.random.default_rng(0)
     kv_bytes = 0
+    pasts: list[np.ndarray] = []  # a shared-memory tensor does not keep its array alive
     for role in roles.kv:
         past = np.zeros(role.shape(1, spec.capacity_tokens), dtype=role.element_type.to_dtype())
         index = [slice(None)] * past.ndim
         index[role.seq_axis] = slice(0, live_tokens)
         past[tuple(index)] = rng.standard_normal(past[tuple(index)].shape)
         kv_bytes += past[tuple(index)].nbytes
+        pasts.append(past)
         request.set_tensor(role.past_input, ov.Tensor(past, shared_memory=True))
     names = {port.get_any_name() for port in compiled.inputs}
     request.set_tensor(roles.input_ids, ov.Tensor(np.array([[5]], dtype=np.int64)))
-    before = None
+    before: Callable[[], None] | None = None
     if roles.attention_mask in names:
         mask = np.zeros((1, spec.capacity_tokens + 1), dtype=np.int64)
         mask[0, :live_tokens] = 1
@@ -159,7 +183,7 @@ def _rung_step(
         def before() -> None:
             state.state = held
 
-    return _timed_steps(request, steps, before), kv_bytes
+    return Stepper(request, before, tuple(pasts)), kv_bytes
 
 
 class StatefulPeer:
@@ -174,8 +198,8 @@ class StatefulPeer:
             core.compile_model(model, device, dict(properties)) if self.stateful else None
         )
 
-    def step(self, live_tokens: int, steps: int) -> StepProfile | None:
-        """Median of ``steps`` decode steps, each from the same ``live_tokens``."""
+    def stepper(self, live_tokens: int) -> Stepper | None:
+        """A decode step from ``live_tokens``, repeatable; None for a stateless IR."""
         if self._compiled is None:
             return None
         request = self._compiled.create_infer_request()
@@ -204,7 +228,7 @@ class StatefulPeer:
             for state, tensor in saved:
                 state.state = tensor
 
-        return _timed_steps(request, steps, restore if live_tokens else None)
+        return Stepper(request, restore if live_tokens else None)
 
 
 def stateful_floor_ms(
@@ -219,9 +243,9 @@ def stateful_floor_ms(
     peer = StatefulPeer(model_dir, device, properties, ov.Core())
     out: dict[int, float] = {}
     for live in live_tokens:
-        profile = peer.step(live, steps)
-        if profile is not None:
-            out[live] = profile.step_ms
+        stepper = peer.stepper(live)
+        if stepper is not None:
+            out[live] = interleaved([stepper], steps)[0].step_ms
     return out
 
 
@@ -268,8 +292,10 @@ def profile_rung(
     core = ov.Core()
     one_graph = chunk_tokens if GraphRewrite.LIVE_STATE in rewrite_set else None
     spec = serving_spec(Specialization.decode(capacity_tokens), one_graph)
-    rung, kv_bytes = _rung_step(core, model_dir, spec, live, device, props, rewrite_set, steps)
-    stateful = StatefulPeer(model_dir, device, props, core).step(live, steps)
+    rung_stepper, kv_bytes = _rung_step(core, model_dir, spec, live, device, props, rewrite_set)
+    peer = StatefulPeer(model_dir, device, props, core).stepper(live)
+    profiles = interleaved([rung_stepper] if peer is None else [rung_stepper, peer], steps)
+    rung, stateful = profiles[0], (profiles[1] if peer is not None else None)
     size, read_ms = weights_read_ms(model_dir.bin_path)
     return RungProfile(
         model=str(model_dir.root),

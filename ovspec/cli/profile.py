@@ -118,6 +118,13 @@ def profile(
         f"{'step (wall)':<28} {_ms(report.rung.step_ms):>10} "
         f"{_ms(stateful.step_ms if stateful else None):>14}"
     )
+    for label, step in (("rung", report.rung), ("stateful", stateful)):
+        if step is not None and step.summed_ms > 1.5 * step.step_ms:
+            times = step.summed_ms / step.step_ms
+            click.echo(
+                f"note: the {label} graph's op-type times add up to {times:.1f}x its step "
+                "(OpenVINO's PERF_COUNT over-counts some dynamic nodes): compare walls"
+            )
     click.echo(
         f"floor: stateful step {_ms(stateful.step_ms if stateful else None)} ms; weights-only "
         f"read {report.weights_read_ms:.1f} ms ({report.weights_bytes / 2**20:.0f} MiB, every "

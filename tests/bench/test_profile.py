@@ -7,6 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.bench.profile import profile_rung, stateful_floor_ms
 from ovspec.cli import cli
 from ovspec.ir.model_dir import ModelDir
