@@ -18,8 +18,17 @@ from ovspec.runtime.loader import EventKind, Policy
 from ovspec.store.local import Store
 
 
-@pytest.mark.parametrize("policy", list(Policy))
-def test_greedy_equals_the_stateful_model(fixture_dir: Path, store: Store, policy: Policy) -> None:
+# CPU's default compiles from the IR; the store path (NPU's, a CPU option) with every
+# policy too: its CPU graphs carry the live-tokens state through export and import.
+CASES = [(policy, "") for policy in Policy] + [(Policy.ONE_AHEAD, "import")]
+
+
+@pytest.mark.parametrize(
+    ("policy", "load_mode"), CASES, ids=[f"{p.value}{m and '-' + m}" for p, m in CASES]
+)
+def test_greedy_equals_the_stateful_model(
+    fixture_dir: Path, store: Store, policy: Policy, load_mode: str
+) -> None:
     prompt = [int(t) for t in np.load(fixture_dir / "reference.npz")["prompt_ids"]]
     control = StatefulRunner(
         ov.Core().read_model(fixture_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
@@ -32,9 +41,12 @@ def test_greedy_equals_the_stateful_model(fixture_dir: Path, store: Store, polic
         store=store,
         policy=policy,
         prefill_chunk_tokens=8,
+        load_mode=load_mode or None,
     ) as loader:
         result = decode(loader, prompt, max_new_tokens=100)
     assert list(result.token_ids) == expected
+    hits_or_builds = {EventKind.STORE_HIT, EventKind.COMPILED} & {e.kind for e in result.events}
+    assert (store.stats().entries > 0) == bool(load_mode) and hits_or_builds
     assert result.rungs == (32, 64, 128)
     assert [b.at_live_tokens for b in result.boundaries] == [32, 64]
     background = [e for e in result.events if e.kind is EventKind.LOAD_START and not e.foreground]
