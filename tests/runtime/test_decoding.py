@@ -17,7 +17,6 @@ from ovspec.runtime.kv import KVLayout
 from ovspec.runtime.loader import EventKind, Policy
 from ovspec.store.local import Store
 
-
 # CPU's default compiles from the IR; the store path (NPU's, a CPU option) with every
 # policy too: its CPU graphs carry the live-tokens state through export and import.
 CASES = [(policy, "") for policy in Policy] + [(Policy.ONE_AHEAD, "import")]
