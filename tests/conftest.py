@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 import openvino as ov
 import pytest
 
+from ovspec.compile.compiler import serving_spec
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir
 from ovspec.store.local import Store
 
@@ -23,17 +25,28 @@ FIXTURE_NAMES = ("qwen2", "llama")
 
 
 class DirectPrograms:
-    """Compiles each specialization once on CPU, no store: the simplest ``Programs``."""
+    """Compiles each specialization once on CPU, no store: the simplest ``Programs``.
+    With ``rung_chunk_tokens`` a rung's decode runs on its 1..P prefill graph, as
+    ``LoadMode.COMPILE`` serves it."""
 
-    def __init__(self, llm: DynamicLLM, properties: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        llm: DynamicLLM,
+        properties: dict[str, str] | None = None,
+        rewrites: RewriteSet | None = None,
+        rung_chunk_tokens: int | None = None,
+    ) -> None:
         self.llm = llm
         self.properties = dict(EXACT_CPU_PROPERTIES if properties is None else properties)
+        self.rewrites = rewrites or RewriteSet()
+        self.rung_chunk_tokens = rung_chunk_tokens
         self.compiled: dict[Specialization, ov.CompiledModel] = {}
         self.core = ov.Core()
 
     def get(self, spec: Specialization) -> ov.CompiledModel:
+        spec = serving_spec(spec, self.rung_chunk_tokens)
         if spec not in self.compiled:
-            model = self.llm.specialize(spec)
+            model = self.llm.specialize(spec, self.rewrites)
             self.compiled[spec] = self.core.compile_model(model, "CPU", self.properties)
         return self.compiled[spec]
 

@@ -24,6 +24,7 @@ from ovspec.errors import BadRequestError
 RENDERERS: dict[str, str] = {
     "kv": "ovspec.bench.kvbench_report:render",
     "remote": "ovspec.bench.remote_bench:render",
+    "speed": "ovspec.bench.speed:render",
 }
 
 RESULTS_FOLDER = "results"

@@ -196,6 +196,8 @@ def run_benchmark(settings: Settings, say: Callable[[str], None]) -> dict[str, A
             *shape[:2],
             "--chunk",
             str(settings.chunk_tokens),
+            "--load-mode",
+            "import",  # through the store on every device (CPU compiles from the IR by default)
         ]
         runs: list[Run] = []
         for repeat in range(settings.repeats):

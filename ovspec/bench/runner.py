@@ -92,6 +92,10 @@ class BenchResult:
     runs: list[RunOutcome] = field(default_factory=list)
     memcpy_bytes_per_s: float = 0.0
     wall_s: float = 0.0
+    # The measured floor: the dynamic stateful model's decode step (ms) at each band's
+    # last live length, and every thread reading the weights once (issue 9).
+    floor_step_ms: dict[int, float] = field(default_factory=dict)
+    weights_read_ms: float = 0.0
 
     def select(self, variant: str, protocol: Protocol) -> list[RunOutcome]:
         return sorted(
@@ -114,6 +118,16 @@ def measure_memcpy_bytes_per_s(size_bytes: int = 256 << 20, repeats: int = 5) ->
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - began)
     return size_bytes / best
+
+
+def measure_floor(config: BenchConfig) -> tuple[dict[int, float], float]:
+    """The floor each band is held to, measured rather than derived from a memcpy: the
+    stateful model's step at the band's last live length, and a weights-only read."""
+    from ovspec.bench.profile import stateful_floor_ms, weights_read_ms
+
+    lengths = [high - 1 for _, high in band_edges(config.ladder)]
+    floor = stateful_floor_ms(config.model, lengths, config.device, config.properties, steps=5)
+    return floor, weights_read_ms(config.model.bin_path)[1]
 
 
 def make_tokens(config: BenchConfig) -> tuple[list[int], list[int]]:
@@ -151,6 +165,7 @@ def run_bench(
     worker = run_worker or _run_worker_process
     prompt, forced = make_tokens(config)
     result = BenchResult(config, memcpy_bytes_per_s=measure_memcpy_bytes_per_s())
+    result.floor_step_ms, result.weights_read_ms = measure_floor(config)
     for variant in config.variants:
         warm_store = config.work_dir / "warm-store"
         if variant == "warm":
@@ -291,7 +306,7 @@ class BandComparison:
     step_ms: float
     measured_speedup: float
     predicted_speedup: float  # (weights + B0 KV) / (weights + rung KV)
-    floor_step_ms: float  # (weights + rung KV bytes) / memcpy bandwidth
+    floor_step_ms: float  # measured: the stateful model's step at the band's last length
 
     @property
     def fraction_of_predicted(self) -> float:
@@ -328,7 +343,7 @@ def band_comparison(result: BenchResult, variant: str, protocol: Protocol) -> li
                 step_ms=ms,
                 measured_speedup=b0_ms / ms,
                 predicted_speedup=(weights + top_kv) / (weights + rung_kv),
-                floor_step_ms=1000.0 * (weights + rung_kv) / result.memcpy_bytes_per_s,
+                floor_step_ms=result.floor_step_ms.get(high - 1, float("nan")),
             )
         )
     return out

@@ -9,5 +9,6 @@ from ovspec.cli import (  # noqa: F401
     generate,
     patch,
     plan,
+    profile,
     sharing,
 )

@@ -23,6 +23,7 @@ from ovspec.cli.options import (
     emit_json,
     json_option,
     ladder_option,
+    load_mode_option,
     open_store,
     remote_options,
 )
@@ -144,6 +145,7 @@ def sampling_options(func: F) -> F:
     "pages moved at a boundary (no copy; Linux, page-aligned rungs). auto: remap where it "
     "works, else copy-and-grow.",
 )
+@load_mode_option
 @device_options
 @cache_dir_option
 @remote_options
@@ -160,6 +162,7 @@ def generate(
     chunk_tokens: int,
     policy: str,
     kv_layout: str,
+    load_mode: str | None,
     device: str,
     config: tuple[tuple[str, str], ...],
     cache_dir: Path | None,
@@ -236,6 +239,7 @@ def generate(
             policy=Policy(policy),
             prefill_chunk_tokens=chunk_tokens,
             kv_layout=None if kv_layout == "auto" else kv_layout,  # remap: ladder checked here
+            load_mode=load_mode,
         ) as loader:
             generation = run_generation(
                 loader,

@@ -120,6 +120,20 @@ def chunk_option(func: F) -> F:
     )(func)
 
 
+def load_mode_option(func: F) -> F:
+    """How a loader brings in a rung; ``None`` (auto) leaves the device's default."""
+    return click.option(
+        "--load-mode",
+        type=click.Choice(("auto", "compile", "import")),
+        default="auto",
+        show_default=True,
+        callback=lambda _ctx, _param, value: None if value == "auto" else value,
+        help="How a rung loads. import: blobs through the store (and --remote); compile: "
+        "from the IR, the store unused. auto: the device's way (CPU compiles, since its "
+        "import unpacks f16 weights to f32; other devices import).",
+    )(func)
+
+
 def compress_option(func: F) -> F:
     return click.option(
         "--compress",

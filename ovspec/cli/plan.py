@@ -21,6 +21,7 @@ from ovspec.cli.options import (
     emit_json,
     json_option,
     ladder_option,
+    load_mode_option,
     open_store,
     remote_options,
 )
@@ -120,6 +121,7 @@ RUNG_VALUES = RungValuesType()
     "rung when its latest feasible start comes before the next boundary; window queues "
     "a rung when the window before it is shorter than its compile.",
 )
+@load_mode_option
 @cache_dir_option
 @remote_options
 @json_option
@@ -139,6 +141,7 @@ def plan(
     measure_steps: int,
     no_early_start: bool,
     rule: str,
+    load_mode: str | None,
     cache_dir: Path | None,
     remote: RemoteConfig | None,
     as_json: bool,
@@ -207,6 +210,7 @@ def plan(
                     prefill_chunk_tokens=chunk_tokens,
                     compression=compression,
                     blob_mode=BlobMode(blob_mode),
+                    load_mode=load_mode,
                 ) as loader:
                     measured = measure(
                         loader,

@@ -2,22 +2,22 @@
 
 A ``Compiler`` prepares the dynamic graph once (read, compress, stateless), derives
 each specialization's key from named components, builds missing blobs into the
-store and imports blobs from memory-mapped files. It is thread-safe: the loader
-calls it from a background worker while the decode thread imports.
+store and imports blobs from memory-mapped files, or (``LoadMode.COMPILE``, CPU's
+default in ``ovspec.open``) compiles each graph from the prepared IR. It is thread-safe:
+the loader calls it from a background worker while the decode thread imports.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
-import io
 import json
 import logging
 import mmap
-import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -27,12 +27,27 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from ovspec.compile.devices import DeviceFacts, compiler_version, key_properties, resolve_device
+from ovspec.compile.blobfile import FileSink, map_file
+from ovspec.compile.devices import (
+    DeviceFacts,
+    compiler_version,
+    device_family,
+    key_properties,
+    resolve_device,
+)
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.rewrites import GraphRewrite, RewriteSet
 from ovspec.ir.roles import ModelRoles
-from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir, transforms_id
+from ovspec.ir.specialize import (
+    DynamicLLM,
+    Phase,
+    Specialization,
+    prepare,
+    read_ir,
+    transforms_id,
+)
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
 from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob, Store
@@ -53,6 +68,35 @@ class BlobMode(Enum):
     WEIGHTLESS = "weightless"
 
 
+class LoadMode(Enum):
+    """How ``Compiler.load`` makes a graph ready.
+
+    IMPORT builds the blob into the store (on a miss) and imports it: the NPU path, and
+    a CPU option. COMPILE compiles the specialization from the prepared IR in memory and
+    never touches the store: OpenVINO 2026.4's CPU plugin re-classifies an imported
+    graph after its transformations, so every imported CPU graph loses the LLM
+    treatment and unpacks f16 weights to f32 (2x the memory, ~1.6x the step, measured;
+    DESIGN.md §10.12). ``ovspec.open`` picks COMPILE for CPU.
+    """
+
+    IMPORT = "import"
+    COMPILE = "compile"
+
+
+def default_load_mode(device: str) -> LoadMode:
+    return LoadMode.COMPILE if device_family(device) == "CPU" else LoadMode.IMPORT
+
+
+def serving_spec(spec: Specialization, rung_chunk_tokens: int | None) -> Specialization:
+    """The graph that serves ``spec`` when a rung's prefill graph takes 1..P tokens (the
+    live-tokens rewrite) and also decodes: one graph per rung. ``None``: ``spec``'s own."""
+    if rung_chunk_tokens is None or spec.phase is Phase.PREFILL:
+        return spec
+    return Specialization.prefill(
+        spec.capacity_tokens, min(rung_chunk_tokens, spec.capacity_tokens)
+    )
+
+
 def blob_compile_properties(mode: BlobMode) -> dict[str, str]:
     """Compile properties that make a device export a weightless blob.
 
@@ -62,74 +106,6 @@ def blob_compile_properties(mode: BlobMode) -> dict[str, str]:
     if mode is BlobMode.FULL:
         return {}
     return {"CACHE_MODE": "OPTIMIZE_SIZE", "ENABLE_WEIGHTLESS": "YES"}
-
-
-class _FileSink(io.BytesIO):
-    """``export_model`` accepts only a BytesIO; this one forwards to a real file, so a
-    large blob never sits whole in Python memory (+16 MiB instead of +blob size).
-
-    OpenVINO swallows an exception raised by the stream it writes to and returns as if
-    the export succeeded, leaving a short file (issue 10: disk full, RLIMIT_FSIZE and
-    EIO each published a truncated blob). So the sink records its first error and the
-    byte count itself, and ``finish`` turns either into a ``PayloadWriteError``.
-    """
-
-    def __init__(self, file: io.BufferedWriter) -> None:
-        super().__init__()
-        self._file = file
-        self.error: OSError | None = None
-        self.bytes_written = 0  # the high-water mark of the file position
-
-    def _fail(self, exc: BaseException) -> OSError:
-        if self.error is None:
-            self.error = exc if isinstance(exc, OSError) else OSError(errno.EIO, str(exc))
-        return self.error
-
-    def write(self, data: Any) -> int:
-        if self.error is not None:
-            raise self.error  # stop the export early; it ignores the failure anyway
-        try:
-            n = self._file.write(data)
-            self.bytes_written = max(self.bytes_written, self._file.tell())
-        except BaseException as exc:
-            raise self._fail(exc) from exc
-        return n
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        try:
-            return self._file.seek(offset, whence)
-        except BaseException as exc:
-            raise self._fail(exc) from exc
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def flush(self) -> None:
-        try:
-            self._file.flush()
-        except BaseException as exc:
-            raise self._fail(exc) from exc
-
-    def finish(self) -> int:
-        """Flush and fsync; the payload's size, or PayloadWriteError if any write failed
-        or the file is not as long as what was written."""
-        if self.error is None:
-            try:
-                self._file.flush()
-                os.fsync(self._file.fileno())
-            except OSError as exc:
-                self._fail(exc)
-        if self.error is not None:
-            err = self.error
-            raise PayloadWriteError(
-                err.errno or errno.EIO, f"export failed: {err.strerror or err}"
-            ) from err
-        size = os.fstat(self._file.fileno()).st_size
-        if size != self.bytes_written:
-            raise PayloadWriteError(
-                errno.EIO, f"export wrote {self.bytes_written} bytes but the file has {size}"
-            )
-        return size
 
 
 @dataclass(frozen=True)
@@ -162,15 +138,9 @@ class Program:
     # The mapped blob file: the CPU plugin keeps pointing into it, so it must live as
     # long as ``compiled`` (dropping it segfaults inference).
     backing: np.ndarray
-
-
-def _map_file(path: Path) -> mmap.mmap:
-    """A copy-on-write mapping of a whole file (it stays valid after the file is removed)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
-    finally:
-        os.close(fd)
+    # COMPILE mode: the graph was compiled (and run) for another specialization of its
+    # rung already, e.g. the decode of a rung whose prefill graph also decodes.
+    reused: bool = False
 
 
 def prepare_model(model_dir: ModelDir, compression: Compression) -> DynamicLLM:
@@ -193,6 +163,9 @@ class Compiler:
         memo: DigestMemo | None = None,
         blob_mode: BlobMode = BlobMode.WEIGHTLESS,
         llm: DynamicLLM | None = None,
+        rewrites: RewriteSet | None = None,
+        load_mode: LoadMode = LoadMode.IMPORT,
+        rung_chunk_tokens: int | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.device = device
@@ -201,6 +174,18 @@ class Compiler:
         self.compression = compression or Compression()
         self.patch_id = patch_id
         self.blob_mode = blob_mode
+        self.rewrites = (
+            rewrites if rewrites is not None else RewriteSet.for_device(device_family(device))
+        )
+        self.load_mode = load_mode
+        # With the live-tokens state a prefill graph takes 1..P tokens per call, so it
+        # also decodes: given P, COMPILE mode serves a rung's decode from that graph
+        # (one compiled graph, one copy of the weights per rung; DESIGN.md §10.12).
+        self.rung_chunk_tokens = (
+            rung_chunk_tokens
+            if load_mode is LoadMode.COMPILE and GraphRewrite.LIVE_STATE in self.rewrites
+            else None
+        )
         self._compile_properties = {**self.properties, **blob_compile_properties(blob_mode)}
         self._core = ov.Core()
         self.facts: DeviceFacts = resolve_device(self._core, device, self.properties)
@@ -211,6 +196,13 @@ class Compiler:
         self._roles: ModelRoles | None = None  # from a stored blob's metadata
         self._llm_lock = threading.Lock()
         self._static_values: dict[str, str] | None = None
+        # COMPILE mode: graphs alive in some Program, and one gate per graph so two
+        # threads asking for the same graph compile it once.
+        self._graphs: weakref.WeakValueDictionary[Specialization, ov.CompiledModel] = (
+            weakref.WeakValueDictionary()
+        )
+        self._gates: dict[Specialization, threading.Lock] = {}
+        self._graphs_lock = threading.Lock()
 
     # -- the dynamic graph, prepared once -----------------------------------------
 
@@ -267,7 +259,7 @@ class Compiler:
                 "ir_structure": self._memo.digest(self.model_dir.xml_path),
                 "weights": self._memo.digest(self.model_dir.bin_path),
                 "compression": self.compression.canonical,
-                "transforms": transforms_id(),
+                "transforms": transforms_id(self.rewrites),
                 "device": self.facts.device,
                 "device_architecture": self.facts.architecture,
                 "openvino": ov.get_version(),
@@ -311,7 +303,7 @@ class Compiler:
 
         def validate(path: Path) -> None:
             began = time.perf_counter()
-            compiled, backing = self._import(_map_file(path), path.name)
+            compiled, backing = self._import(map_file(path), path.name)
             imported.append((compiled, backing, time.perf_counter() - began))
 
         # An absent device (offline NPU compile) cannot import: only the size is proven.
@@ -362,12 +354,15 @@ class Compiler:
             compiled, backing, import_s = imported[-1]
             return Program(spec, compiled, placeholder, import_s, backing)
         began = time.perf_counter()
-        mapping = outcome.payload if outcome.payload is not None else _map_file(outcome.path)
+        mapping = outcome.payload if outcome.payload is not None else map_file(outcome.path)
         compiled, backing = self._import(mapping, outcome.path.name)
         return Program(spec, compiled, placeholder, time.perf_counter() - began, backing)
 
     def load(self, spec: Specialization) -> Program:
-        """Build if needed, then import the blob from the bytes the store verified."""
+        """IMPORT: build if needed, then import the blob from the bytes the store verified.
+        COMPILE: compile the specialization (or reuse its rung's graph) from the IR."""
+        if self.load_mode is LoadMode.COMPILE:
+            return self._compile_program(spec)
         _, program = self._build(spec, keep_import=True)
         assert program is not None  # keep_import=True always imports
         return program
@@ -384,7 +379,7 @@ class Compiler:
     def import_blob(self, path: Path) -> tuple[ov.CompiledModel, np.ndarray]:
         """Import a blob file from a memory map; returns the model and the map to keep
         alive (the file may be removed once this returns)."""
-        return self._import(_map_file(path), path.name)
+        return self._import(map_file(path), path.name)
 
     def _import(self, mapping: mmap.mmap, name: str) -> tuple[ov.CompiledModel, np.ndarray]:
         # Copy-on-write mapping: OpenVINO wants a writable buffer, and this one reads
@@ -400,8 +395,52 @@ class Compiler:
             ) from exc
         return compiled, backing
 
+    def graph_spec(self, spec: Specialization) -> Specialization:
+        """The specialization whose graph serves ``spec`` in COMPILE mode."""
+        return serving_spec(spec, self.rung_chunk_tokens)
+
+    def specialize(self, spec: Specialization) -> ov.Model:
+        """``spec`` as a graph with this compiler's rewrites."""
+        llm = self.llm()
+        with self._llm_lock:  # clones of one model, one at a time
+            return llm.specialize(spec, self.rewrites)
+
+    def _compile_program(self, spec: Specialization) -> Program:
+        target = self.graph_spec(spec)
+        with self._graphs_lock:
+            gate = self._gates.setdefault(target, threading.Lock())
+        with gate:
+            compiled = self._graphs.get(target)
+            compile_s = 0.0
+            if compiled is None:
+                model = self.specialize(target)
+                began = time.perf_counter()
+                try:
+                    compiled = self._core.compile_model(model, self.device, self.properties)
+                except RuntimeError as exc:
+                    raise CompileError(
+                        f"{self.device} failed to compile {target.label}: {openvino_message(exc)}"
+                    ) from exc
+                compile_s = time.perf_counter() - began
+                del model
+                self._graphs[target] = compiled
+                log.debug("compiled %s from the IR in %.3f s", target.label, compile_s)
+        outcome = BuildOutcome(
+            spec=spec,
+            key_hex=self.key(target).hex,
+            hit=False,  # not from the store (0 s: the rung's graph was compiled already)
+            compile_s=compile_s,
+            export_s=0.0,
+            wait_s=0.0,
+            blob_bytes=0,
+            path=Path(),
+            stored=False,
+        )
+        reused = compile_s == 0.0
+        return Program(spec, compiled, outcome, 0.0, np.empty(0, dtype=np.uint8), reused)
+
     def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float, int]:
-        model = self.llm().specialize(spec)
+        model = self.specialize(spec)
         began = time.perf_counter()
         try:
             compiled = self._core.compile_model(model, self.device, self._compile_properties)
@@ -413,7 +452,7 @@ class Compiler:
         began = time.perf_counter()
         try:
             with path.open("wb") as f:
-                sink = _FileSink(f)
+                sink = FileSink(f)
                 compiled.export_model(sink)
                 size = sink.finish()
         except PayloadWriteError:

@@ -15,8 +15,16 @@ import openvino as ov
 
 from ovspec.errors import ModelError
 from ovspec.ir.normalize import Rewrite, normalize
+from ovspec.ir.rewrites import RewriteSet, apply_rewrites
 from ovspec.ir.roles import ModelRoles, discover_roles
-from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir, to_stateless
+from ovspec.ir.specialize import (
+    DynamicLLM,
+    Phase,
+    Specialization,
+    prepare,
+    read_ir,
+    to_stateless,
+)
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,16 @@ def diagnose(xml_path: Path, specs: Sequence[Specialization]) -> Diagnosis:
             checks.append(Check(spec.label, False, str(exc)))
             continue
         checks.append(Check(spec.label, True, f"{len(static.get_ordered_ops())} ops, static"))
+        # The speed rewrites fail open (a refused one leaves the graph as it was): say
+        # which would not apply. CPU's set is the widest.
+        rewrites_set = RewriteSet.for_device("CPU")
+        prefill = spec.phase is Phase.PREFILL
+        try:
+            notes = apply_rewrites(static, llm.roles, rewrites_set, prefill, spec.capacity_tokens)
+        except (ModelError, RuntimeError) as exc:
+            notes = (f"failed: {exc}",)
+        applied = rewrites_set.canonical if not notes else "; ".join(notes)
+        checks.append(Check(f"{spec.label} rewrites", True, applied))
     return done(llm.normalized.rewrites, llm)
 
 

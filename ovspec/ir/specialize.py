@@ -17,6 +17,7 @@ import openvino as ov
 from ovspec.errors import ModelError, arg, openvino_message
 from ovspec.ir.normalize import NormalizeReport, normalize
 from ovspec.ir.refusals import reshape_refusal
+from ovspec.ir.rewrites import GraphRewrite, RewriteSet, apply_rewrites
 from ovspec.ir.roles import ModelRoles, discover_roles, kv_past_parameter
 
 # Bump when prepare() or specialize() would make a different graph from the same IR
@@ -25,12 +26,16 @@ from ovspec.ir.roles import ModelRoles, discover_roles, kv_past_parameter
 # History: 1 — stateful->stateless, new-token-only presents, static reshape (2026-11).
 #          2 — normalize after stateful->stateless: bidirectional broadcasts keep real
 #              dims, colliding present names renamed (issue 13, 2026-12).
-TRANSFORMS_VERSION = 2
+#          3 — the rewrites of ir/rewrites.py (split attention, last-position LM head,
+#              live-tokens state; which ones is the key's "rewrites" component), and a
+#              live-tokens prefill graph takes a chunk of 1..P tokens (issue 9, 2026-12).
+TRANSFORMS_VERSION = 3
 
 
-def transforms_id() -> str:
-    """The text blob keys carry for the IR -> specialization pipeline."""
-    return f"ovspec-transforms/{TRANSFORMS_VERSION}"
+def transforms_id(rewrites: RewriteSet | None = None) -> str:
+    """The text blob keys carry for the IR -> specialization pipeline: its version and
+    the rewrite set a specialization is built with."""
+    return f"ovspec-transforms/{TRANSFORMS_VERSION}:rewrites={(rewrites or RewriteSet()).canonical}"
 
 
 class Phase(Enum):
@@ -118,10 +123,29 @@ class DynamicLLM:
             shapes[role.past_input] = role.shape(1, cap)
         return shapes
 
-    def specialize(self, spec: Specialization) -> ov.Model:
-        """A static clone of the model for ``spec``."""
+    def specialize(self, spec: Specialization, rewrites: RewriteSet | None = None) -> ov.Model:
+        """A static clone of the model for ``spec``, rewritten with ``rewrites`` (none by
+        default). With the live-tokens state a prefill graph takes 1..P tokens per call:
+        it builds its own mask, so it cannot mask the pads of a short chunk."""
+        rewrites = rewrites or RewriteSet()
         model = self.model.clone()
-        shapes = self.static_shapes(spec)
+        shapes: dict[str, ov.PartialShape] = {
+            name: ov.PartialShape(dims) for name, dims in self.static_shapes(spec).items()
+        }
+        chunk_varies = spec.phase is Phase.PREFILL and GraphRewrite.LIVE_STATE in rewrites
+        if chunk_varies:
+            chunk = ov.Dimension(1, spec.chunk_tokens)
+            shapes[self.roles.input_ids] = ov.PartialShape([1, chunk])
+            shapes[self.roles.attention_mask] = ov.PartialShape(
+                [
+                    1,
+                    ov.Dimension(
+                        spec.capacity_tokens + 1, spec.capacity_tokens + spec.chunk_tokens
+                    ),
+                ]
+            )
+            if self.roles.position_ids is not None:
+                shapes[self.roles.position_ids] = ov.PartialShape([1, chunk])
         unknown = [
             p.output(0).get_any_name()
             for p in model.get_parameters()
@@ -135,8 +159,11 @@ class DynamicLLM:
             model.reshape(shapes)
         except RuntimeError as exc:
             raise ModelError(reshape_refusal(spec.label, exc)) from exc
-        if model.is_dynamic():
+        if model.is_dynamic() and not chunk_varies:
             raise ModelError(f"the IR stays dynamic after reshaping to {spec.label}")
+        apply_rewrites(
+            model, self.roles, rewrites, spec.phase is Phase.PREFILL, spec.capacity_tokens
+        )
         model.set_friendly_name(f"{model.get_friendly_name()}:{spec.label}")
         return model
 

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ovspec.compile.compiler import BlobMode, Compiler
+from ovspec.compile.compiler import BlobMode, Compiler, LoadMode, default_load_mode
 from ovspec.compile.devices import device_family
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import resolve_model
+from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import (
@@ -55,9 +56,14 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     origin_s: float | None = None,
     kv_layout: KVLayout | str | None = None,
     remote: Remote | RemoteConfig | str | None = None,
+    load_mode: LoadMode | str | None = None,
+    rewrites: RewriteSet | str | None = None,
 ) -> Loader:
     """A lazy loader for ``model`` (a folder, or ``builtin:PRESET``) over ``ladder``.
 
+    ``load_mode`` defaults to the device's (``compile`` on CPU: graphs compiled from the
+    IR, one per rung serving both phases; ``import`` elsewhere: blobs through the
+    store); ``rewrites`` to the device's rewrite set (``RewriteSet.for_device``).
     Close it (or use it as a context manager): it owns its worker thread, and the
     store too when it opened one. ``kv_layout`` becomes ``decode``'s default; a remap
     ladder the layout cannot map is refused here, before anything compiles.
@@ -69,6 +75,9 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     policy = Policy(policy) if isinstance(policy, str) else policy
     properties = loader_properties(device, properties or {})
     compression = Compression.parse(compression) if isinstance(compression, str) else compression
+    mode = LoadMode(load_mode) if isinstance(load_mode, str) else load_mode
+    mode = mode or default_load_mode(device)
+    rewrite_set = RewriteSet.parse(rewrites) if isinstance(rewrites, str) else rewrites
     owns_store = not isinstance(store, Store)
     if isinstance(store, Store):
         if remote is not None:
@@ -88,6 +97,9 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
             opened,
             compression=compression,
             blob_mode=blob_mode,
+            rewrites=rewrite_set,
+            load_mode=mode,
+            rung_chunk_tokens=prefill_chunk_tokens,
         )
         if kv_layout is not None:
             kv_layout = KVLayout(kv_layout)

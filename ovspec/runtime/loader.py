@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
 import openvino as ov
 
 from ovspec.compile.compiler import Compiler, Program
@@ -126,7 +127,10 @@ class Loader:
         if prefill is None:
             self._obtain(decode, record_wait=False)
             return
-        self._submit(decode, foreground=True)
+        # One graph may serve the rung's prefill and decode (COMPILE mode on CPU): then
+        # the prompt's graph is the first decode graph too, and the worker stays idle.
+        if self.compiler.graph_spec(decode) != self.compiler.graph_spec(prefill):
+            self._submit(decode, foreground=True)
         self._obtain(prefill, record_wait=False)
 
     def get(self, spec: Specialization | int) -> ov.CompiledModel:
@@ -273,8 +277,9 @@ class Loader:
             self._record(EventKind.COMPILED, spec, foreground, seconds=build.compile_s)
         warm_s = 0.0
         # A prefill graph is not warmed: its warm-up is a whole prompt chunk of zeros
-        # (seconds on a large model), paid once by the real prompt anyway.
-        if self.warm_up and spec.phase is Phase.DECODE:
+        # (seconds on a large model), paid once by the real prompt anyway. Nor is a graph
+        # another specialization already brought in (a rung's prefill graph that decodes).
+        if self.warm_up and spec.phase is Phase.DECODE and not program.reused:
             warm_s = warm_up(program.compiled)
             self._warmed = True
         self._record(
@@ -346,8 +351,9 @@ def warm_up(compiled: ov.CompiledModel) -> float:
     began = time.perf_counter()
     request = compiled.create_infer_request()
     for port in compiled.inputs:
-        tensor = request.get_tensor(port)
-        tensor.data[...] = 0
+        # A graph taking 1..P tokens is warmed with one: a decode-shaped call.
+        dims = [d.get_min_length() if d.is_dynamic else d.get_length() for d in port.partial_shape]
+        request.set_tensor(port, ov.Tensor(np.zeros(dims, dtype=port.element_type.to_dtype())))
     request.infer()
     return time.perf_counter() - began
 

@@ -16,6 +16,7 @@ import numpy as np
 import openvino as ov
 
 from ovspec.errors import LadderError
+from ovspec.ir.rewrites import LIVE_TOKENS_VARIABLE
 from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import Specialization, prefill_specialization
 from ovspec.ladder import Ladder
@@ -51,28 +52,73 @@ class BoundaryRecord:
 
 
 class _Bound:
-    """An infer request of one specialization with its inputs bound to shared arrays."""
+    """An infer request of one graph with its inputs bound to shared arrays.
+
+    A graph takes the mask and positions as inputs (the session keeps them), or keeps
+    the live length as state (the live-tokens rewrite: set once at binding; the graph
+    builds its own mask and positions and advances the state by each call's tokens).
+    Its chunk is fixed (a short chunk is right-padded and its pads masked) or 1..P
+    tokens (a short chunk goes in as it is). Logits are one row (the last-position LM
+    head) or one per chunk position.
+    """
 
     def __init__(
         self, compiled: ov.CompiledModel, roles: ModelRoles, spec: Specialization, kv: KVCache
     ) -> None:
         self.spec = spec
         self.request = compiled.create_infer_request()
-        chunk = spec.chunk_tokens
-        self.input_ids = np.zeros((1, chunk), dtype=np.int64)
-        self.position_ids = np.zeros((1, chunk), dtype=np.int64)
-        self.mask = np.zeros((1, spec.capacity_tokens + chunk), dtype=np.int64)
-        self.mask[0, spec.capacity_tokens :] = 1
-        self.mask[0, : kv.live_tokens] = 1
         self._roles = roles
-        self.request.set_tensor(roles.input_ids, ov.Tensor(self.input_ids, shared_memory=True))
-        self.request.set_tensor(roles.attention_mask, ov.Tensor(self.mask, shared_memory=True))
-        if roles.position_ids is not None:
-            self.request.set_tensor(
-                roles.position_ids, ov.Tensor(self.position_ids, shared_memory=True)
+        self.capacity = spec.capacity_tokens
+        names = {port.get_any_name() for port in compiled.inputs}
+        self.live_state = roles.attention_mask not in names
+        chunk_dim = compiled.input(roles.input_ids).get_partial_shape()[1]
+        self.chunk_varies = chunk_dim.is_dynamic
+        self.chunk = spec.chunk_tokens if self.chunk_varies else chunk_dim.get_length()
+        self.input_ids = np.zeros((1, self.chunk), dtype=np.int64)
+        self.position_ids = np.zeros((1, self.chunk), dtype=np.int64)
+        self.mask = np.zeros((1, self.capacity + self.chunk), dtype=np.int64)
+        self.mask[0, self.capacity :] = 1
+        self.mask[0, : kv.live_tokens] = 1
+        self._has_positions = roles.position_ids is not None and roles.position_ids in names
+        self._fed = -1  # tokens the bound input tensors hold (a 1..P graph rebinds per size)
+        if self.live_state:
+            self._state = next(
+                st for st in self.request.query_state() if st.name == LIVE_TOKENS_VARIABLE
             )
+            self._state.state = ov.Tensor(np.array([kv.live_tokens], dtype=np.int32))
         for name, tensor in kv.tensors().items():
             self.request.set_tensor(name, tensor)
+
+    def feed(self, token_ids: Sequence[int], live_tokens: int) -> None:
+        """Put ``token_ids`` (1..chunk of them) at positions from ``live_tokens`` on; the
+        past part of the mask stays the caller's to keep."""
+        n = len(token_ids)
+        width = n if self.chunk_varies else self.chunk
+        if self.live_state and width != n:
+            raise LadderError(f"{self.spec.label} keeps its length as state: it cannot pad")
+        self.input_ids[0, :n] = token_ids
+        self.input_ids[0, n:] = token_ids[-1]
+        self.position_ids[0, :width] = np.arange(live_tokens, live_tokens + width)
+        cap = self.capacity
+        self.mask[0, cap : cap + n] = 1
+        self.mask[0, cap + n :] = 0  # pads: no query sees them (and only real rows are kept)
+        if width != self._fed:
+            self._bind(width)
+
+    def _bind(self, width: int) -> None:
+        roles = self._roles
+        ids = self.input_ids[:, :width]
+        self.request.set_tensor(roles.input_ids, ov.Tensor(ids, shared_memory=True))
+        if not self.live_state:
+            mask = self.mask[:, : self.capacity + width]
+            self.request.set_tensor(roles.attention_mask, ov.Tensor(mask, shared_memory=True))
+            if self._has_positions:
+                assert roles.position_ids is not None
+                positions = self.position_ids[:, :width]
+                self.request.set_tensor(
+                    roles.position_ids, ov.Tensor(positions, shared_memory=True)
+                )
+        self._fed = width
 
     def run(self) -> None:
         self.request.infer()
@@ -80,6 +126,11 @@ class _Bound:
     def output(self, name: str) -> np.ndarray:
         data: np.ndarray = self.request.get_tensor(name).data
         return data
+
+    def logits(self, real_tokens: int) -> np.ndarray:
+        """The last real token's logits (row 0 of a last-position head)."""
+        rows = self.output(self._roles.logits)[0]
+        return np.array(rows[0 if rows.shape[0] == 1 else real_tokens - 1], copy=True)
 
 
 class DecodeSession:
@@ -129,11 +180,9 @@ class DecodeSession:
             piece = token_ids[start : start + chunk]
             n = len(piece)
             t = self.kv.live_tokens
-            # Right-pad a short last chunk: real queries never see the pad keys (causal),
-            # and only the real tokens' K/V are written back.
-            bound.input_ids[0, :n] = piece
-            bound.input_ids[0, n:] = piece[-1]
-            bound.position_ids[0] = np.arange(t, t + chunk)
+            # A short last chunk is right-padded with its pads masked (or passed as it is
+            # to a graph taking 1..P tokens); only the real tokens' K/V are written back.
+            bound.feed(piece, t)
             bound.mask[0, :t] = 1
             bound.mask[0, t:cap] = 0
             began = time.perf_counter()
@@ -142,7 +191,7 @@ class DecodeSession:
                 StepRecord(t, cap, n, True, began - self.origin_s, time.perf_counter() - began)
             )
             self.kv.write(self._presents(bound), n)
-            logits = np.array(bound.output(self.roles.logits)[0, n - 1], copy=True)
+            logits = bound.logits(n)
         del bound  # the request goes before its graph may be released
         if self.release_passed:
             self.programs.release(spec)
@@ -154,8 +203,7 @@ class DecodeSession:
         if t >= self.kv.capacity_tokens:
             self._migrate(self.ladder.rung_for(t + 1))
         bound = self._decode_bound()
-        bound.input_ids[0, 0] = token_id
-        bound.position_ids[0, 0] = t
+        bound.feed((token_id,), t)
         began = time.perf_counter()
         bound.run()
         self.steps.append(
@@ -170,7 +218,7 @@ class DecodeSession:
         )
         self.kv.write(self._presents(bound), 1)
         bound.mask[0, t] = 1
-        return np.array(bound.output(self.roles.logits)[0, 0], copy=True)
+        return bound.logits(1)
 
     def close(self) -> None:
         # Requests go before the KV arrays they point into.

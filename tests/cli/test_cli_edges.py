@@ -72,6 +72,7 @@ def test_bad_config_properties_are_refused_before_compiling(
 def test_a_store_warning_is_printed_once_on_one_line(tiny_dir: Path, tmp_path: Path) -> None:
     root = tmp_path / "store"
     args = ["generate", str(tiny_dir), "--ids", "1,2,3", "--max-new-tokens", "2", "--ladder", "32"]
+    args += ["--load-mode", "import"]  # through the store, whose warning this is
     first = subprocess.run(
         [*CLI, *args, "--cache-dir", str(root), "--json"],
         capture_output=True,

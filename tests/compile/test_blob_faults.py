@@ -24,6 +24,7 @@ from mounts import fill, tmpfs
 from ovspec.compile.compiler import BlobMode, Compiler
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import Specialization
 from ovspec.store.digests import DigestMemo
 from ovspec.store.local import Store, StoreWarning
@@ -53,7 +54,7 @@ def ovspec(
 def generate_ids(model: Path, root: Path) -> list[int]:
     done = ovspec(
         "generate", str(model), "--ids", "5,6,7", "--max-new-tokens", "6", "--ladder", "32",
-        "--json", "--cache-dir", str(root),
+        "--json", "--cache-dir", str(root), "--load-mode", "import",  # through the store
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     ids: list[int] = json.loads(done.stdout)["token_ids"]
@@ -75,6 +76,8 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], code: int) -> 
 
 
 def make(model: Path, store: Store, **kwargs: object) -> Compiler:
+    """A plain graph (no rewrites): ``logits`` feeds the original decode inputs."""
+    kwargs.setdefault("rewrites", RewriteSet())
     return Compiler(ModelDir.open(model), "CPU", EXACT_CPU_PROPERTIES, store, **kwargs)  # type: ignore[arg-type]
 
 

@@ -10,10 +10,12 @@ import openvino as ov
 import pytest
 from conftest import load_llm
 
-from ovspec.compile.compiler import BlobMode, Compiler, _FileSink
+from ovspec.compile.blobfile import FileSink
+from ovspec.compile.compiler import BlobMode, Compiler
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
+from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import CopyAndGrowKV
@@ -37,7 +39,13 @@ class CompilerPrograms:
         pass  # tests keep every graph
 
 
+# The blob path's tests feed mask and positions: CPU's default rewrites minus the
+# live-tokens state (that graph builds its own; tests/ir/test_rewrites.py covers it).
+STORE_REWRITES = RewriteSet.parse("split-attention+last-position-logits")
+
+
 def make(model_dir: Path, store: Store, **kwargs: object) -> Compiler:
+    kwargs.setdefault("rewrites", STORE_REWRITES)
     return Compiler(ModelDir.open(model_dir), "CPU", EXACT_CPU_PROPERTIES, store, **kwargs)  # type: ignore[arg-type]
 
 
@@ -85,7 +93,7 @@ def test_file_sink_writes_what_export_returns(qwen2_dir: Path, tmp_path: Path) -
     model = load_llm(qwen2_dir).specialize(Specialization.decode(32))
     compiled = ov.Core().compile_model(model, "CPU")
     with (tmp_path / "blob").open("wb") as f:
-        compiled.export_model(_FileSink(f))
+        compiled.export_model(FileSink(f))
     buffer = io.BytesIO()
     compiled.export_model(buffer)
     assert (tmp_path / "blob").read_bytes() == buffer.getvalue()

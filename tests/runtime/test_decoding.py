@@ -17,9 +17,17 @@ from ovspec.runtime.kv import KVLayout
 from ovspec.runtime.loader import EventKind, Policy
 from ovspec.store.local import Store
 
+# CPU's default compiles from the IR; the store path (NPU's, a CPU option) with every
+# policy too: its CPU graphs carry the live-tokens state through export and import.
+CASES = [(policy, "") for policy in Policy] + [(Policy.ONE_AHEAD, "import")]
 
-@pytest.mark.parametrize("policy", list(Policy))
-def test_greedy_equals_the_stateful_model(fixture_dir: Path, store: Store, policy: Policy) -> None:
+
+@pytest.mark.parametrize(
+    ("policy", "load_mode"), CASES, ids=[f"{p.value}{m and '-' + m}" for p, m in CASES]
+)
+def test_greedy_equals_the_stateful_model(
+    fixture_dir: Path, store: Store, policy: Policy, load_mode: str
+) -> None:
     prompt = [int(t) for t in np.load(fixture_dir / "reference.npz")["prompt_ids"]]
     control = StatefulRunner(
         ov.Core().read_model(fixture_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
@@ -32,9 +40,12 @@ def test_greedy_equals_the_stateful_model(fixture_dir: Path, store: Store, polic
         store=store,
         policy=policy,
         prefill_chunk_tokens=8,
+        load_mode=load_mode or None,
     ) as loader:
         result = decode(loader, prompt, max_new_tokens=100)
     assert list(result.token_ids) == expected
+    hits_or_builds = {EventKind.STORE_HIT, EventKind.COMPILED} & {e.kind for e in result.events}
+    assert (store.stats().entries > 0) == bool(load_mode) and hits_or_builds
     assert result.rungs == (32, 64, 128)
     assert [b.at_live_tokens for b in result.boundaries] == [32, 64]
     background = [e for e in result.events if e.kind is EventKind.LOAD_START and not e.foreground]
@@ -125,6 +136,7 @@ def test_a_warm_start_never_reads_the_ir(
         "properties": EXACT_CPU_PROPERTIES,
         "store": store,
         "prefill_chunk_tokens": 8,
+        "load_mode": "import",  # the store path (CPU's default compiles from the IR)
     }
     with ovspec.open(qwen2_dir, **options) as loader:  # type: ignore[arg-type]
         cold = decode(loader, prompt, max_new_tokens=100)
@@ -148,6 +160,7 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
         properties=EXACT_CPU_PROPERTIES,
         store=store,
         prefill_chunk_tokens=8,
+        load_mode="import",  # a decode graph of its own (CPU's default shares one)
     ) as loader:
         result = decode(loader, prompt, max_new_tokens=20)
     starts = {e.spec: e for e in result.events if e.kind is EventKind.LOAD_START}
@@ -161,3 +174,37 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
         e.at_s for e in result.events if e.kind is EventKind.LOADED and e.spec.startswith("pre")
     )
     assert prefill_loaded <= result.ready_s <= result.first_token_s
+
+
+def test_cpu_compiles_one_graph_per_rung_from_the_ir(qwen2_dir: Path, store: Store) -> None:
+    """CPU's default: each rung compiled from the IR, its prefill graph also decoding;
+    the store is never read nor written (DESIGN.md §10.12)."""
+    prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
+    expected = StatefulRunner(
+        ov.Core().read_model(qwen2_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
+    ).greedy(prompt, 60)
+    with ovspec.open(
+        qwen2_dir,
+        ladder="32,64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        prefill_chunk_tokens=8,
+    ) as loader:
+        result = decode(loader, prompt, max_new_tokens=60, release_passed_rungs=False)
+        prefill = loader.program(Specialization.prefill(32, 8))
+        decode32 = loader.program(Specialization.decode(32))
+        assert prefill is not None and decode32 is not None
+        assert decode32.compiled is prefill.compiled and decode32.reused
+        inputs = {port.get_any_name() for port in prefill.compiled.inputs}
+        assert "attention_mask" not in inputs  # the live-tokens state builds it
+    assert list(result.token_ids) == expected
+    kinds = {e.kind for e in result.events}
+    assert EventKind.STORE_HIT not in kinds and EventKind.COMPILED in kinds
+    # The worker stays idle at start: decode@32 is asked for by the first decode step,
+    # after the prompt, and is the prefill graph already there.
+    prefill_in = next(e for e in result.events if e.kind is EventKind.LOADED)
+    decode_start = next(
+        e for e in result.events if e.kind is EventKind.LOAD_START and e.spec == "decode@32"
+    )
+    assert prefill_in.spec == "prefill@32x8" and decode_start.at_s >= result.first_token_s
+    assert store.stats().entries == 0

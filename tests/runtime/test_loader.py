@@ -27,6 +27,9 @@ class FakeCompiler:
         self.threads: set[str] = set()
         self.lock = threading.Lock()
 
+    def graph_spec(self, spec: Specialization) -> Specialization:
+        return spec  # every specialization has its own graph
+
     def load(self, spec: Specialization) -> Program:
         time.sleep(self.load_s)
         with self.lock:

@@ -48,6 +48,9 @@ def costs_8k(c8k: float = 12.0, c4k: float = 8.0) -> RungCosts:
 class FakeCompiler:
     """Stands in for ``Compiler`` in a Loader: every load is instant."""
 
+    def graph_spec(self, spec: Specialization) -> Specialization:
+        return spec  # every specialization has its own graph
+
     def load(self, spec: Specialization) -> Program:
         build = BuildOutcome(spec, "0" * 32, False, 0.0, 0.0, 0.0, 1, Path("/dev/null"))
         return Program(spec, object(), build, 0.0, None)  # type: ignore[arg-type]
@@ -690,7 +693,9 @@ def test_measure_times_a_decode_on_each_rung(built_store: Path) -> None:
     doc = json.loads(result.stdout)
     for rung in doc["rungs"]:
         measured = rung["measured"]
-        assert measured["store_hit"] and measured["steps"] == 4
+        # On CPU the loader compiles each rung from the IR (DESIGN.md §10.12): the plan
+        # measures what a run does, so no rung comes from the store.
+        assert measured["store_hit"] is False and measured["steps"] == 4
         assert rung["decode_s_per_token"] == measured["decode_s_per_token"] > 0
         assert math.isclose(
             rung["compile_s"], measured["compile_s"] + measured["export_s"] + measured["import_s"]

@@ -124,7 +124,12 @@ def test_a_loader_on_a_fresh_machine_fetches_instead_of_compiling(
     request.getfixturevalue("no_compiles")  # roles come from the manifest, not the IR
     fresh = machine(machines, tmp_path / "c", remote_for(seaweed, prefix))
     with decoding.open(
-        tiny_dir, LADDER, properties=EXACT_CPU_PROPERTIES, store=fresh, prefill_chunk_tokens=16
+        tiny_dir,
+        LADDER,
+        properties=EXACT_CPU_PROPERTIES,
+        store=fresh,
+        prefill_chunk_tokens=16,
+        load_mode="import",  # CPU's default compiles from the IR, past the store
     ) as loader:
         result = decoding.decode(loader, [1, 2, 3], max_new_tokens=40)
     kinds = {e.kind for e in result.events}

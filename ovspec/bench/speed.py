@@ -1,0 +1,272 @@
+"""The speed benchmark: ovspec's loader against openvino-genai's ``LLMPipeline`` on the
+same IR, device and exact properties, side by side in one run.
+
+Owns the plan (arms, interleaved rounds with the order rotated and reversed, a fresh
+process per run via ``speed_arm``), the figures (ms/token per context band with the
+ratio to genai at the same live context, identical tokens, spawn -> first token, peak
+VmHWM / PSS / private memory, the eager protocol's memory) and the page they render
+into (``docs/benchmarks/speed.md`` beside ``results/speed.json``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ovspec.bench.speed_arm import RESULT_PREFIX, ArmRequest
+from ovspec.errors import BadRequestError, TrialError
+from ovspec.ladder import Ladder
+
+PAGE = "speed"
+DEFAULT_LADDER = "256,512,1024,2048"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One way to generate: genai, or ovspec with a policy, a load mode and a store."""
+
+    name: str
+    runner: str  # "genai" | "ovspec"
+    store: str = ""  # "fresh" per run, "kept" across runs (primed once), "" (none)
+    policy: str = "one_ahead"
+    load_mode: str = ""  # "" = the device's default
+    short: bool = False  # a memory-only run: a few tokens
+
+    @property
+    def description(self) -> str:
+        if self.runner == "genai":
+            return "openvino-genai LLMPipeline (dynamic, stateful), no cache"
+        mode = self.load_mode or "device default (CPU: compile from the IR)"
+        store = {"fresh": "cold store", "kept": "warm store"}.get(self.store, "")
+        return f"ovspec {self.policy.replace('_', '-')}, load {mode}, {store}"
+
+
+ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("genai", "genai"),
+        Arm("ovspec-cold", "ovspec", store="fresh"),
+        Arm("ovspec-warm", "ovspec", store="kept"),
+        Arm("ovspec-import-warm", "ovspec", store="kept", load_mode="import"),
+        Arm("ovspec-import-cold", "ovspec", store="fresh", load_mode="import"),
+        Arm("ovspec-eager", "ovspec", store="kept", policy="eager", short=True),
+    )
+}
+DEFAULT_ARMS = ("genai", "ovspec-cold", "ovspec-warm", "ovspec-import-warm", "ovspec-eager")
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    model: str  # builtin:PRESET or an IR folder
+    work_dir: Path
+    ladder: Ladder = field(default_factory=lambda: Ladder.parse(DEFAULT_LADDER))
+    prompt_tokens: int = 128
+    new_tokens: int = 1000
+    repetitions: int = 3
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    short_tokens: int = 8
+    prefill_chunk_tokens: int = 128
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1 or self.new_tokens < 2:
+            raise BadRequestError("--prompt-tokens must be >= 1 and --new-tokens >= 2")
+        if self.prompt_tokens + self.new_tokens > self.ladder.top_tokens:
+            raise BadRequestError(
+                f"{self.prompt_tokens} + {self.new_tokens} tokens exceed the top rung "
+                f"{self.ladder.top_tokens}"
+            )
+        if self.repetitions < 1:
+            raise BadRequestError("--repetitions must be at least 1")
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown or "genai" not in self.arms:
+            raise BadRequestError(
+                f"--arms takes genai plus any of {', '.join(ARMS)} (got {', '.join(self.arms)})"
+            )
+
+    def bands(self) -> list[tuple[int, int]]:
+        """Live-context bands: the prompt to the first rung, then rung to rung."""
+        edges = [self.prompt_tokens, *[c for c in self.ladder if c > self.prompt_tokens]]
+        return list(itertools.pairwise(edges))
+
+
+def materialize(model: str, work_dir: Path) -> Path:
+    """An IR folder both runners read: the folder itself, or the preset written once."""
+    from ovspec.ir.model_dir import resolve_model
+
+    return resolve_model(model, work_dir / "models").root
+
+
+def _spawn(request: ArmRequest, folder: Path) -> dict[str, Any]:
+    path = folder / "request.json"
+    path.write_text(json.dumps(request.to_json()), encoding="utf-8")
+    spawn = time.time()
+    out = subprocess.run(
+        [sys.executable, "-m", "ovspec.bench.speed_arm", str(path), repr(spawn)],
+        capture_output=True,
+        text=True,
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith(RESULT_PREFIX)), None)
+    if out.returncode != 0 or line is None:
+        raise TrialError(f"{request.arm} run failed (exit {out.returncode}): {out.stderr[-800:]}")
+    result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+    return result
+
+
+def run_speed(
+    config: SpeedConfig,
+    properties: Mapping[str, str],
+    on_progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every arm ``repetitions`` times, interleaved; returns the results document."""
+    from ovspec.bench.environment import environment, load_average
+    from ovspec.runtime.decoding import loader_properties
+
+    say = on_progress or (lambda _m: None)
+    load_start = load_average()
+    began = time.perf_counter()
+    model_dir = materialize(config.model, config.work_dir)
+    rng = np.random.default_rng(config.seed)
+    prompt = tuple(int(t) for t in rng.integers(100, 2000, config.prompt_tokens))
+    kept = {a: config.work_dir / f"store-{a}" for a in config.arms if ARMS[a].store == "kept"}
+
+    def request(arm: Arm, store: Path | None) -> ArmRequest:
+        props = dict(properties) if arm.runner == "genai" else loader_properties("CPU", properties)
+        return ArmRequest(
+            arm=arm.runner,
+            model_dir=str(model_dir),
+            prompt_ids=prompt,
+            new_tokens=config.short_tokens if arm.short else config.new_tokens,
+            properties=props,
+            ladder=str(config.ladder),
+            store_dir=str(store or ""),
+            policy=arm.policy,
+            load_mode=arm.load_mode,
+            prefill_chunk_tokens=config.prefill_chunk_tokens,
+        )
+
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="ovspec-speed-") as scratch:
+        folder = Path(scratch)
+        for name, warm in kept.items():  # prime the warm stores (not measured)
+            say(f"priming {name}")
+            _spawn(request(ARMS[name], warm), folder)
+        arms = list(config.arms)
+        for rep in range(config.repetitions):
+            order = arms[rep % len(arms) :] + arms[: rep % len(arms)]
+            if rep % 2:
+                order.reverse()
+            for name in order:
+                arm = ARMS[name]
+                fresh = folder / f"fresh-{rep}-{name}"
+                store: Path | None = kept.get(name) or (fresh if arm.store == "fresh" else None)
+                say(f"repetition {rep + 1}/{config.repetitions}: {name}")
+                result = _spawn(request(arm, store), folder)
+                shutil.rmtree(fresh, ignore_errors=True)
+                runs.append({"arm": name, "repetition": rep, **result})
+    env = environment(load_start)
+    return {
+        "config": {
+            "model": config.model,
+            "ladder": str(config.ladder),
+            "prompt_tokens": config.prompt_tokens,
+            "new_tokens": config.new_tokens,
+            "short_tokens": config.short_tokens,
+            "repetitions": config.repetitions,
+            "prefill_chunk_tokens": config.prefill_chunk_tokens,
+            # A list, not a mapping: the saved results sort mapping keys.
+            "arms": [[a, ARMS[a].description] for a in config.arms],
+            "properties": dict(properties),
+            "bands": config.bands(),
+        },
+        "environment": _plain(env),
+        "wall_s": time.perf_counter() - began,
+        "summary": summarize(runs, config.prompt_tokens, config.bands()),
+        # Per run: token times kept (the bands are recomputable), ids only as a head and
+        # a count (the summary holds the comparison with genai's).
+        "runs": [_slim(run) for run in runs],
+    }
+
+
+def _slim(run: Mapping[str, Any]) -> dict[str, Any]:
+    ids = list(run["token_ids"])
+    out = {k: v for k, v in run.items() if k != "token_ids"}
+    out["token_ids_head"] = ids[:8]
+    out["tokens"] = len(ids)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+
+
+def band_ms(token_s: Sequence[float], prompt_tokens: int, band: tuple[int, int]) -> float | None:
+    """Mean ms per decode step whose live context (KV tokens before it) is in ``band``.
+    Step i (i >= 1) emits token i with ``prompt + i - 1`` tokens already in the KV."""
+    lo, hi = band
+    steps = [
+        token_s[i] - token_s[i - 1]
+        for i in range(1, len(token_s))
+        if lo <= prompt_tokens + i - 1 < hi
+    ]
+    return 1000.0 * statistics.fmean(steps) if steps else None
+
+
+def summarize(
+    runs: Sequence[Mapping[str, Any]], prompt_tokens: int, bands: Sequence[Sequence[int]]
+) -> dict[str, Any]:
+    """Medians per arm, ratios to genai per band, and whether tokens match genai's."""
+    reference = next((r["token_ids"] for r in runs if r["arm"] == "genai"), None)
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(r["arm"] for r in runs):
+        mine = [r for r in runs if r["arm"] == name]
+        per_band = {}
+        for lo, hi in bands:
+            values = [band_ms(r["token_s"], prompt_tokens, (lo, hi)) for r in mine]
+            kept = [v for v in values if v is not None]
+            per_band[f"{lo}-{hi}"] = statistics.median(kept) if kept else None
+        identical = [
+            reference is not None and r["token_ids"] == reference[: len(r["token_ids"])]
+            for r in mine
+        ]
+        out[name] = {
+            "n": len(mine),
+            "band_ms": per_band,
+            "first_token_s": statistics.median(r["token_s"][0] for r in mine),
+            "done_s": statistics.median(r["done_s"] for r in mine),
+            "vm_hwm_mib": statistics.median(r["vm_hwm_mib"] for r in mine),
+            "peak_pss_mib": statistics.median(r["peak_pss_mib"] for r in mine),
+            "peak_anon_mib": statistics.median(r["peak_anon_mib"] for r in mine),
+            "tokens_identical": all(identical),
+            "boundary_wait_s": max(max(r.get("boundary_wait_s") or [0.0]) for r in mine),
+        }
+    genai = out.get("genai")
+    for figures in out.values():
+        figures["band_ratio"] = {
+            band: (ms / genai["band_ms"][band])
+            if genai and ms is not None and genai["band_ms"].get(band)
+            else None
+            for band, ms in figures["band_ms"].items()
+        }
+    return out
+
+
+def render(results: Mapping[str, Any]) -> str:
+    """The Markdown page (docs/benchmarks/speed.md) from a results document."""
+    from ovspec.bench.speed_page import render_page
+
+    return render_page(results)

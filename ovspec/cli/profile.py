@@ -1,0 +1,136 @@
+"""``ovspec profile``: where one decode step of a rung goes, next to the dynamic model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ovspec.cli import cli
+from ovspec.cli.options import (
+    cache_dir_option,
+    chunk_option,
+    device_options,
+    emit_json,
+    json_option,
+)
+
+TOP_TYPES = 12
+
+
+@cli.command()
+@click.argument("model")
+@click.option(
+    "--rung",
+    "capacity_tokens",
+    type=click.IntRange(min=1),
+    required=True,
+    help="The rung (KV capacity) whose decode step is profiled.",
+)
+@click.option(
+    "--live",
+    "live_tokens",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Live KV tokens during the step.  [default: the rung - 1]",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Decode steps timed per graph (medians count).",
+)
+@click.option(
+    "--rewrites",
+    default=None,
+    help="Graph rewrites, '+'-joined (split-attention, last-position-logits, "
+    "live-tokens-state) or none.  [default: the device's]",
+)
+@chunk_option
+@device_options
+@cache_dir_option
+@json_option
+def profile(
+    model: str,
+    capacity_tokens: int,
+    live_tokens: int | None,
+    steps: int,
+    rewrites: str | None,
+    chunk_tokens: int,
+    device: str,
+    config: tuple[tuple[str, str], ...],
+    cache_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Per-op-type time of one decode step of MODEL's rung next to the dynamic stateful
+    model at the same live length (OpenVINO PERF_COUNT), and the measured floors: the
+    stateful step and a weights-only read of the .bin."""
+    from ovspec.bench.profile import profile_rung
+    from ovspec.ir.model_dir import resolve_model, writes_into_store
+    from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+    from ovspec.ir.rewrites import RewriteSet
+    from ovspec.runtime.decoding import loader_properties
+    from ovspec.store.local import Store
+
+    root = cache_dir if cache_dir is not None else Store.default_root()
+    rewrite_set = RewriteSet.parse(rewrites) if rewrites is not None else None
+    store = Store(root) if writes_into_store(model) else None
+    try:
+        model_dir = resolve_model(model, root / "models")
+    finally:
+        if store is not None:
+            store.close()
+    exact = EXACT_CPU_PROPERTIES if device.upper() == "CPU" else {}
+    properties = loader_properties(device, dict(config) if config else exact)
+    report = profile_rung(
+        model_dir,
+        capacity_tokens,
+        live_tokens,
+        device=device,
+        properties=properties,
+        rewrites=rewrite_set,
+        steps=steps,
+        chunk_tokens=chunk_tokens,
+    )
+    if as_json:
+        emit_json(report.to_json())
+        return
+    stateful = report.stateful
+    click.echo(
+        f"decode@{report.capacity_tokens} with {report.live_tokens} live tokens on "
+        f"{report.device}, rewrites {report.rewrites}; medians of {report.steps} steps"
+    )
+    peer = "stateful" if stateful is not None else "(no stateful IR)"
+    click.echo(f"{'op type':<28} {'rung ms':>10} {peer + ' ms':>14}")
+    types = list(report.rung.by_type_ms)[:TOP_TYPES]
+    if stateful is not None:
+        types += [t for t in list(stateful.by_type_ms)[:TOP_TYPES] if t not in types]
+    for name in types:
+        mine = report.rung.by_type_ms.get(name)
+        theirs = stateful.by_type_ms.get(name) if stateful is not None else None
+        click.echo(f"{name:<28} {_ms(mine):>10} {_ms(theirs):>14}")
+    click.echo(
+        f"{'sum of op types':<28} {_ms(report.rung.summed_ms):>10} "
+        f"{_ms(stateful.summed_ms if stateful else None):>14}"
+    )
+    click.echo(
+        f"{'step (wall)':<28} {_ms(report.rung.step_ms):>10} "
+        f"{_ms(stateful.step_ms if stateful else None):>14}"
+    )
+    for label, step in (("rung", report.rung), ("stateful", stateful)):
+        if step is not None and step.summed_ms > 1.5 * step.step_ms:
+            times = step.summed_ms / step.step_ms
+            click.echo(
+                f"note: the {label} graph's op-type times add up to {times:.1f}x its step "
+                "(OpenVINO's PERF_COUNT over-counts some dynamic nodes): compare walls"
+            )
+    click.echo(
+        f"floor: stateful step {_ms(stateful.step_ms if stateful else None)} ms; weights-only "
+        f"read {report.weights_read_ms:.1f} ms ({report.weights_bytes / 2**20:.0f} MiB, every "
+        f"thread); live KV {report.kv_bytes / 2**20:.1f} MiB"
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

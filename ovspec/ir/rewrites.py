@@ -1,0 +1,416 @@
+"""Graph rewrites that make a specialization as fast and lean as the dynamic model.
+
+Owns the rewrite set a specialization is built with (a blob key component) and the
+rewrites: split attention (the past block's scores read straight from the KV input, GQA
+folded into query rows, the chunk's own block through an SDPA, one exact log-sum-exp
+merge), the last-position LM head for prefill, and the live-tokens state CPU graphs keep.
+Every site is found from the roles (past parameter -> KV Concat -> attention), never by name.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+from openvino.op.util import Variable, VariableInfo
+
+from ovspec.errors import ModelError
+from ovspec.ir.roles import KVKind, ModelRoles
+
+log = logging.getLogger(__name__)
+
+# The state variable a LIVE_STATE graph keeps: live KV tokens before the call, i32 [1]
+# (the CPU plugin refuses set_state of an i64 variable).
+LIVE_TOKENS_VARIABLE = "ovspec.live_tokens"
+
+_TO_CONCAT = {"Convert", "Gather"}
+# transformers' repeat_kv as exported (optimum and genai's GGUF reader alike):
+# Unsqueeze(axis 2) -> Broadcast -> Reshape, so query head h reads KV head h // G.
+_GQA_REPEAT = ("Unsqueeze", "Broadcast", "Reshape")
+_LM_HEAD_PASS_THROUGH = {"Convert", "Add", "Multiply", "Divide", "Tanh"}
+
+
+class GraphRewrite(Enum):
+    """One rewrite of a specialization (DESIGN.md §10, issue 9)."""
+
+    SPLIT_ATTENTION = "split-attention"
+    LAST_POSITION = "last-position-logits"
+    LIVE_STATE = "live-tokens-state"
+
+
+@dataclass(frozen=True)
+class RewriteSet:
+    """The rewrites a specialization is built with; its ``canonical`` text is in the key."""
+
+    rewrites: frozenset[GraphRewrite] = frozenset()
+
+    def __contains__(self, rewrite: object) -> bool:
+        return rewrite in self.rewrites
+
+    @property
+    def canonical(self) -> str:
+        return "+".join(sorted(r.value for r in self.rewrites)) or "none"
+
+    @classmethod
+    def parse(cls, text: str) -> RewriteSet:
+        """``"split-attention+last-position-logits"``, ``"none"`` or ``"default"`` is not
+        accepted here (the device decides the default: ``for_device``)."""
+        text = text.strip()
+        if text in ("", "none"):
+            return cls()
+        names = {r.value: r for r in GraphRewrite}
+        unknown = [p for p in text.replace(",", "+").split("+") if p.strip() not in names]
+        if unknown:
+            raise ModelError(
+                f"unknown rewrite {unknown[0]!r}; choose from {', '.join(names)} or none"
+            )
+        return cls(frozenset(names[p.strip()] for p in text.replace(",", "+").split("+")))
+
+    @classmethod
+    def for_device(cls, family: str) -> RewriteSet:
+        """The default set. Split attention and the last-position head are plain opset
+        ops for every device; the live-tokens state only for CPU, whose plugin keeps f16
+        weights (half the memory and bytes read per step) only for a model with an SDPA
+        and a state variable (DESIGN.md §10.12). NPU graphs stay stateless."""
+        base = {GraphRewrite.SPLIT_ATTENTION, GraphRewrite.LAST_POSITION}
+        if family == "CPU":
+            base.add(GraphRewrite.LIVE_STATE)
+        return cls(frozenset(base))
+
+
+class RewriteRefused(Exception):
+    """The graph is not a pattern a rewrite knows; the rewrite leaves it unchanged."""
+
+
+def apply_rewrites(
+    model: ov.Model, roles: ModelRoles, rewrites: RewriteSet, prefill: bool, capacity_tokens: int
+) -> tuple[str, ...]:
+    """Apply ``rewrites`` to a reshaped specialization in place; returns notes on what
+    could not be applied (a refused rewrite leaves the graph as it was: fail open)."""
+    notes: list[str] = []
+    if GraphRewrite.SPLIT_ATTENTION in rewrites:
+        try:
+            split_attention(model, roles)
+        except RewriteRefused as exc:
+            notes.append(f"split-attention not applied: {exc}")
+    if prefill and GraphRewrite.LAST_POSITION in rewrites:
+        try:
+            last_position_logits(model, roles)
+        except RewriteRefused as exc:
+            notes.append(f"last-position-logits not applied: {exc}")
+    if GraphRewrite.LIVE_STATE in rewrites:
+        live_tokens_state(model, roles, capacity_tokens)
+    for note in notes:
+        log.warning("%s", note)
+    return tuple(notes)
+
+
+# -- attention sites ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    """One SDPA whose K and V are ``Concat(past, new)`` along the sequence axis 2."""
+
+    layer: int
+    sdpa: ov.Node
+    key_concat: ov.Node
+    value_concat: ov.Node
+    kv_heads: int
+    groups: int  # query heads per KV head
+    head_dim: int
+
+    @property
+    def query(self) -> ov.Output:
+        return self.sdpa.input_value(0)
+
+    @property
+    def mask(self) -> ov.Output:
+        return self.sdpa.input_value(3)
+
+    @property
+    def scale(self) -> ov.Output | None:
+        return self.sdpa.input_value(4) if self.sdpa.get_input_size() > 4 else None
+
+
+def _data_consumers(out: ov.Output) -> list[ov.Input]:
+    # Shape-only readers (the normalize rule's ShapeOf, mask builders) are not data paths.
+    return [t for t in out.get_target_inputs() if t.get_node().get_type_name() != "ShapeOf"]
+
+
+def _kv_concat_of(param: ov.Node) -> ov.Node:
+    """Follow a past parameter forward (through Convert/Gather) to its KV Concat."""
+    queue = deque([param.output(0)])
+    while queue:
+        out = queue.popleft()
+        for target in _data_consumers(out):
+            node = target.get_node()
+            kind = node.get_type_name()
+            if kind == "Concat" and target.get_index() == 0 and node.get_input_size() == 2:
+                return node
+            if kind in _TO_CONCAT:
+                queue.extend(node.outputs())
+    raise RewriteRefused(f"no KV Concat follows {param.get_friendly_name()}")
+
+
+def _attention_of(concat: ov.Node, port: int) -> tuple[ov.Node, list[ov.Node]]:
+    """The SDPA fed at ``port`` by ``concat``, and the GQA repeat ops on the way."""
+    for target in _data_consumers(concat.output(0)):
+        path: list[ov.Node] = []
+        node, index = target.get_node(), target.get_index()
+        while node.get_type_name() in _GQA_REPEAT and len(path) < len(_GQA_REPEAT) and index == 0:
+            path.append(node)
+            nexts = _data_consumers(node.output(0))
+            if len(nexts) != 1:
+                break
+            node, index = nexts[0].get_node(), nexts[0].get_index()
+        if node.get_type_name() == "ScaledDotProductAttention" and index == port:
+            return node, path
+    raise RewriteRefused(f"{concat.get_friendly_name()} does not feed attention input {port}")
+
+
+def _check_repeat(path: list[ov.Node], kv_heads: int, q_heads: int, layer: int) -> None:
+    if not path:
+        if kv_heads != q_heads:
+            raise RewriteRefused(f"layer {layer}: {q_heads} query heads, {kv_heads} KV, no repeat")
+        return
+    if tuple(n.get_type_name() for n in path) != _GQA_REPEAT:
+        raise RewriteRefused(f"layer {layer}: unknown KV path {[n.get_type_name() for n in path]}")
+    axes = path[0].input_value(1).get_node()
+    if axes.get_type_name() != "Constant" or [int(a) for a in axes.get_data().ravel()] != [2]:
+        raise RewriteRefused(f"layer {layer}: the GQA repeat is not on axis 2; head order unknown")
+
+
+def _static(dim: ov.Dimension, what: str) -> int:
+    if not dim.is_static:
+        raise RewriteRefused(f"{what} is dynamic")
+    return int(dim.get_length())
+
+
+def attention_sites(model: ov.Model, roles: ModelRoles) -> list[AttentionSite]:
+    """Every attention op reading a KV Concat, checked to be a pattern the rewrite knows."""
+    params = {p.output(0).get_any_name(): p for p in model.get_parameters() if p.output(0).names}
+    by_layer: dict[int, dict[KVKind, ov.Node]] = {}
+    for role in roles.kv:
+        if role.past_input not in params:
+            raise RewriteRefused(f"no parameter {role.past_input}")
+        by_layer.setdefault(role.layer, {})[role.kind] = _kv_concat_of(params[role.past_input])
+    sites = []
+    for layer, pair in sorted(by_layer.items()):
+        if set(pair) != {KVKind.KEY, KVKind.VALUE}:
+            raise RewriteRefused(f"layer {layer} lacks a key or a value")
+        kc, vc = pair[KVKind.KEY], pair[KVKind.VALUE]
+        sdpa, path_k = _attention_of(kc, 1)
+        sdpa_v, path_v = _attention_of(vc, 2)
+        if sdpa.get_instance_id() != sdpa_v.get_instance_id():
+            raise RewriteRefused(f"layer {layer}: K and V feed different attention ops")
+        for concat in (kc, vc):
+            rank = concat.get_output_partial_shape(0).rank.get_length()
+            axis = int(concat.get_attributes()["axis"])
+            if rank != 4 or (axis + rank if axis < 0 else axis) != 2:
+                raise RewriteRefused(f"layer {layer}: the KV Concat is not [B,H,S,D] on axis 2")
+        if sdpa.get_attributes().get("causal", False) or sdpa.get_input_size() < 4:
+            raise RewriteRefused(f"layer {layer}: attention without an explicit mask")
+        kshape = kc.get_output_partial_shape(0)
+        qshape = sdpa.get_input_partial_shape(0)
+        if qshape.rank.get_length() != 4:
+            raise RewriteRefused(f"layer {layer}: the query is not [B,H,L,D]")
+        kv_heads = _static(kshape[1], "the KV head count")
+        head_dim = _static(kshape[3], "the head size")
+        q_heads = _static(qshape[1], "the query head count")
+        if q_heads % kv_heads:
+            raise RewriteRefused(f"layer {layer}: {q_heads} query heads over {kv_heads} KV heads")
+        _check_repeat(path_k, kv_heads, q_heads, layer)
+        _check_repeat(path_v, kv_heads, q_heads, layer)
+        mshape = sdpa.get_input_partial_shape(3)
+        if mshape.rank.get_length() != 4 or not (
+            mshape[1].is_static and mshape[1].get_length() == 1
+        ):
+            raise RewriteRefused(f"layer {layer}: mask {mshape} is not [B,1,L,S]")
+        sites.append(AttentionSite(layer, sdpa, kc, vc, kv_heads, q_heads // kv_heads, head_dim))
+    if not sites:
+        raise RewriteRefused("no attention reads the KV cache")
+    return sites
+
+
+# -- split attention ----------------------------------------------------------------
+
+
+def _i64(values: object) -> ov.Output:
+    return ops.constant(np.array(values, dtype=np.int64)).output(0)
+
+
+def _dims(out: ov.Output, indices: list[int]) -> ov.Output:
+    return ops.gather(ops.shape_of(out, ov.Type.i64), _i64(indices), _i64(0)).output(0)
+
+
+def _additive(mask: ov.Output, dtype: ov.Type) -> ov.Output:
+    if mask.get_element_type() == ov.Type.boolean:
+        lowest = ops.constant(np.array(np.finfo(np.float32).min, dtype=np.float32))
+        zero = ops.constant(np.array(0, dtype=np.float32))
+        mask = ops.select(mask, zero, lowest).output(0)
+    if mask.get_element_type() != dtype:
+        mask = ops.convert(mask, dtype).output(0)
+    return mask
+
+
+def _scaled_query(site: AttentionSite) -> ov.Output:
+    """Q * scale viewed as [B, Hkv, G*P, D]: row g*P + p is query head kv*G + g at p."""
+    q = site.query
+    scale = site.scale
+    if scale is None:
+        scale = ops.constant(np.array(1.0 / np.sqrt(site.head_dim), dtype=np.float32)).output(0)
+    if scale.get_element_type() != q.get_element_type():
+        scale = ops.convert(scale, q.get_element_type()).output(0)
+    q = ops.multiply(q, scale).output(0)
+    return ops.reshape(q, _i64([0, site.kv_heads, -1, site.head_dim]), True).output(0)
+
+
+def _length(out: ov.Output, axis: int) -> ov.Output:
+    """Dimension ``axis`` of ``out`` as an i64 [1]: a constant when it is static."""
+    dim = out.get_partial_shape()[axis]
+    return _i64([dim.get_length()]) if dim.is_static else _dims(out, [axis])
+
+
+def split_attention(model: ov.Model, roles: ModelRoles) -> int:
+    """Rewrite every attention site in place; returns how many.
+
+    Attention over (past ++ chunk) is the exact log-sum-exp merge of attention over the
+    past and attention over the chunk. The past block's scores are ``Q @ K_past^T`` read
+    straight from the past input, GQA folded by viewing Q as [B, Hkv, G*P, D] (no KV
+    Concat, Broadcast, Transpose or copy of the capacity); the chunk block is an SDPA
+    over the new K/V; one softmax over [past scores, chunk log-sum-exp] gives the past
+    probabilities and the chunk block's weight.
+    """
+    sites = attention_sites(model, roles)
+    # Layers share their mask: split and tile it once per (mask, group count).
+    masks: dict[tuple[int, int, int], tuple[ov.Output, ov.Output, ov.Output]] = {}
+    for s in sites:
+        name = s.sdpa.get_friendly_name()
+        qg = _scaled_query(s)
+        past_k, new_k = s.key_concat.input_value(0), s.key_concat.input_value(1)
+        past_v, new_v = s.value_concat.input_value(0), s.value_concat.input_value(1)
+        capacity = _length(past_k, 2)
+        cache = (s.mask.get_node().get_instance_id(), s.mask.get_index(), s.groups)
+        if cache not in masks:
+            mask = _additive(s.mask, qg.get_element_type())  # [B, 1, P, C+P]
+            halves = ops.variadic_split(mask, _i64(-1), ops.concat([capacity, _i64([-1])], 0))
+            # Past block rows are viewed as (g, p): its [B,1,P,C] mask broadcasts over g.
+            past_mask = ops.unsqueeze(halves.output(0), _i64([2])).output(0)
+            # Chunk block: its mask rows tiled G times (tiny: G*P x P).
+            chunk_mask = ops.tile(halves.output(1), _i64([1, 1, s.groups, 1])).output(0)
+            masks[cache] = (past_mask, chunk_mask, capacity)
+        past_mask, chunk_mask, capacity = masks[cache]
+        scores = ops.matmul(qg, past_k, False, True, name=f"{name}/split/scores_past")
+        rows5 = ops.concat([_i64([0, 0, s.groups, -1]), capacity], 0)
+        masked = ops.add(ops.reshape(scores, rows5, True), past_mask)
+        scores_past = ops.reshape(masked, ops.concat([_i64([0, 0, -1]), capacity], 0), True)
+        chunk_scores = ops.add(ops.matmul(qg, new_k, False, True), chunk_mask)
+        peak = ops.reduce_max(chunk_scores, _i64([-1]), True)
+        spread = ops.exp(ops.subtract(chunk_scores, peak))
+        lse = ops.add(ops.log(ops.reduce_sum(spread, _i64([-1]), True)), peak)
+        one = ops.constant(np.array(1.0, dtype=np.float32))
+        chunk_out = ops.scaled_dot_product_attention(
+            qg, new_k, new_v, chunk_mask, one, causal=False, name=f"{name}/split/chunk"
+        )
+        probs = ops.softmax(ops.concat([scores_past, lse], -1), -1)
+        parts = ops.variadic_split(probs, _i64(-1), ops.concat([capacity, _i64([1])], 0))
+        context = ops.add(
+            ops.matmul(parts.output(0), past_v, False, False, name=f"{name}/split/context_past"),
+            ops.multiply(parts.output(1), chunk_out),
+        )
+        heads = s.kv_heads * s.groups
+        out = ops.reshape(context, _i64([0, heads, -1, s.head_dim]), True, name=f"{name}/split")
+        s.sdpa.output(0).replace(out.output(0))
+    model.validate_nodes_and_infer_types()
+    return len(sites)
+
+
+# -- last-position LM head ----------------------------------------------------------
+
+
+def _parameter(model: ov.Model, name: str) -> ov.Node:
+    for p in model.get_parameters():
+        if name in p.output(0).names:
+            return p
+    raise ModelError(f"the specialization has no input {name!r}")
+
+
+def last_position_logits(model: ov.Model, roles: ModelRoles) -> None:
+    """Prefill: the LM head runs on the chunk's last real row only (logits [B, 1, V]).
+
+    The row is the number of unmasked chunk slots minus one, read from the mask's
+    last P entries: a right-padded short chunk masks its pads (``runtime.session``).
+    """
+    result = next((r for r in model.get_results() if roles.logits in r.output(0).names), None)
+    if result is None:
+        raise RewriteRefused(f"no {roles.logits!r} output")
+    node = result.input_value(0).get_node()
+    while node.get_type_name() != "MatMul":
+        if node.get_type_name() not in _LM_HEAD_PASS_THROUGH or node.get_input_size() == 0:
+            raise RewriteRefused(f"the logits come from {node.get_type_name()}, not a MatMul")
+        node = node.input_value(0).get_node()
+    hidden = node.input_value(0)
+    if hidden.get_partial_shape().rank.get_length() != 3:
+        raise RewriteRefused("the LM head's input is not [B, P, H]")
+    ids = _parameter(model, roles.input_ids).output(0)
+    mask = _parameter(model, roles.attention_mask).output(0)
+    chunk = _dims(ids, [1])
+    tail = ops.slice(
+        mask, ops.negative(chunk), _i64([np.iinfo(np.int64).max]), _i64([1]), _i64([1])
+    )
+    real = ops.reduce_sum(ops.convert(tail, ov.Type.i64), _i64([1]), False)  # [B]
+    row = ops.subtract(ops.gather(real, _i64(0), _i64(0)), _i64(1))  # scalar
+    last = ops.unsqueeze(ops.gather(hidden, row, _i64(1)), _i64([1]))
+    node.input(0).replace_source_output(last.output(0))
+    model.validate_nodes_and_infer_types()
+
+
+# -- live-tokens state (CPU) --------------------------------------------------------
+
+
+def live_tokens_state(model: ov.Model, roles: ModelRoles, capacity_tokens: int) -> None:
+    """The graph keeps its live KV length as state and builds its own mask and positions.
+
+    ``attention_mask`` and ``position_ids`` stop being inputs: past slot j is visible iff
+    j < t, the chunk's P tokens are all real and sit at positions t..t+P-1, and the call
+    leaves t + P in the state. The runtime sets t when it binds a rung (and nothing per
+    step). A state variable and an SDPA make OpenVINO's CPU plugin treat the graph as an
+    LLM: f16 weights stay f16 in FullyConnected (DESIGN.md §10.12).
+    """
+    mask_param = _parameter(model, roles.attention_mask)
+    ids = _parameter(model, roles.input_ids).output(0)
+    info = VariableInfo()
+    info.variable_id = LIVE_TOKENS_VARIABLE
+    info.data_type = ov.Type.i32
+    info.data_shape = ov.PartialShape([1])
+    variable = Variable(info)
+    stored = ops.read_value(ops.constant(np.zeros([1], dtype=np.int32)), variable)
+    live = ops.convert(stored, ov.Type.i64).output(0)
+    chunk = _dims(ids, [1])
+    mask_type = mask_param.output(0).get_element_type()
+    slots = ops.range(_i64(0), _i64(capacity_tokens), _i64(1), ov.Type.i64)
+    past = ops.convert(ops.less(slots, live), mask_type)
+    fresh = ops.broadcast(ops.constant(np.array(1), mask_type), chunk)
+    mask = ops.unsqueeze(ops.concat([past, fresh], 0), _i64([0]))
+    for target in list(mask_param.output(0).get_target_inputs()):
+        target.replace_source_output(mask.output(0))
+    model.remove_parameter(mask_param)
+    if roles.position_ids is not None:
+        pos_param = _parameter(model, roles.position_ids)
+        offsets = ops.range(_i64(0), ops.squeeze(chunk, _i64([0])), _i64(1), ov.Type.i64)
+        positions = ops.unsqueeze(ops.add(offsets, live), _i64([0]))
+        if pos_param.output(0).get_element_type() != ov.Type.i64:
+            positions = ops.convert(positions, pos_param.output(0).get_element_type())
+        for target in list(pos_param.output(0).get_target_inputs()):
+            target.replace_source_output(positions.output(0))
+        model.remove_parameter(pos_param)
+    model.add_sinks([ops.assign(ops.convert(ops.add(live, chunk), ov.Type.i32), variable)])
+    if not any(v.get_info().variable_id == LIVE_TOKENS_VARIABLE for v in model.get_variables()):
+        model.add_variables([variable])  # add_sinks registers it in some OpenVINO versions
+    model.validate_nodes_and_infer_types()

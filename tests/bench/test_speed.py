@@ -1,0 +1,79 @@
+"""The speed benchmark's figures, its page, and one tiny run end to end (issue 9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ovspec.bench.pages import render_saved, write_page
+from ovspec.bench.speed import PAGE, SpeedConfig, band_ms, run_speed, summarize
+from ovspec.errors import BadRequestError
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.ladder import Ladder
+
+
+def test_band_ms_assigns_each_step_by_the_kv_it_started_from() -> None:
+    # prompt 4: token 0 from the prompt; step i starts from 4 + i - 1 live tokens.
+    token_s = [1.0, 1.010, 1.030, 1.060, 1.100]  # steps of 10, 20, 30, 40 ms
+    assert band_ms(token_s, 4, (4, 6)) == pytest.approx(15.0)  # steps from 4 and 5
+    assert band_ms(token_s, 4, (6, 8)) == pytest.approx(35.0)
+    assert band_ms(token_s, 4, (8, 16)) is None
+
+
+def run(arm: str, token_s: list[float], ids: list[int], rep: int = 0) -> dict[str, object]:
+    return {
+        "arm": arm,
+        "repetition": rep,
+        "token_s": token_s,
+        "token_ids": ids,
+        "done_s": token_s[-1],
+        "vm_hwm_mib": 100.0,
+        "peak_pss_mib": 90.0,
+        "peak_anon_mib": 50.0,
+        "boundary_wait_s": [0.01],
+    }
+
+
+def test_summary_ratios_and_token_check() -> None:
+    runs = [
+        run("genai", [1.0, 1.01, 1.02, 1.03], [5, 6, 7, 8]),
+        run("ovspec-warm", [2.0, 2.02, 2.04, 2.06], [5, 6, 7, 8]),
+        run("ovspec-cold", [3.0, 3.01, 3.02, 3.03], [5, 6, 7, 9]),
+    ]
+    summary = summarize(runs, 2, [(2, 3), (3, 5)])
+    assert summary["ovspec-warm"]["band_ratio"]["3-5"] == pytest.approx(2.0)
+    assert summary["ovspec-warm"]["tokens_identical"] is True
+    assert summary["ovspec-cold"]["tokens_identical"] is False
+    assert summary["genai"]["first_token_s"] == 1.0
+
+
+def test_config_refuses_what_cannot_run(tmp_path: Path) -> None:
+    with pytest.raises(BadRequestError, match="exceed the top rung"):
+        SpeedConfig("builtin:tiny", tmp_path, Ladder((32, 64)), prompt_tokens=16, new_tokens=60)
+    with pytest.raises(BadRequestError, match="--arms"):
+        SpeedConfig("builtin:tiny", tmp_path, arms=("ovspec-warm",))
+
+
+def test_a_tiny_run_renders_its_page(tmp_path: Path) -> None:
+    config = SpeedConfig(
+        "builtin:tiny",
+        tmp_path / "work",
+        Ladder((32, 64)),
+        prompt_tokens=8,
+        new_tokens=30,
+        repetitions=1,
+        arms=("genai", "ovspec-warm", "ovspec-eager"),
+        short_tokens=4,
+        prefill_chunk_tokens=8,
+    )
+    results = run_speed(config, EXACT_CPU_PROPERTIES)
+    summary = results["summary"]
+    assert summary["ovspec-warm"]["tokens_identical"] is True  # greedy equals genai's
+    assert summary["ovspec-warm"]["band_ms"]["32-64"] > 0
+    assert summary["ovspec-eager"]["n"] == 1
+    results["command"] = "python tools/bench_speed.py --model builtin:tiny"
+    page = write_page(tmp_path / "pages", PAGE, results)
+    text = page.read_text(encoding="utf-8")
+    assert "| `ovspec-warm` |" in text and "## Targets (issue 9)" in text
+    assert render_saved(tmp_path / "pages", PAGE) == text  # the page is its results, rendered

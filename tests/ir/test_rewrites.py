@@ -1,0 +1,149 @@
+"""The rewrites of ir/rewrites.py keep every specialization equal to the stateful model,
+and do what they say to the graph (issue 9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+from conftest import DirectPrograms, load_llm
+
+from ovspec.errors import ModelError
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
+from ovspec.ir.rewrites import (
+    LIVE_TOKENS_VARIABLE,
+    GraphRewrite,
+    RewriteSet,
+    apply_rewrites,
+)
+from ovspec.ir.specialize import Specialization, read_ir
+from ovspec.ladder import Ladder
+from ovspec.runtime.kv import CopyAndGrowKV
+from ovspec.runtime.session import DecodeSession
+
+LADDER = Ladder((32, 64, 128))
+SETS = {
+    "none": RewriteSet(),
+    "split": RewriteSet.parse("split-attention"),
+    "npu-default": RewriteSet.for_device("NPU"),
+    "cpu-default": RewriteSet.for_device("CPU"),
+}
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama", "tiny"])
+def model_dir(request: pytest.FixtureRequest, tiny_dir: Path) -> Path:
+    if request.param == "tiny":
+        return tiny_dir
+    return Path(__file__).parents[1] / "data" / str(request.param)
+
+
+# A rung's decode runs on its own graph, or (live-tokens state only: a graph taking 1..P
+# tokens) on its prefill graph, as LoadMode.COMPILE serves it.
+CASES = [(name, False) for name in SETS] + [("cpu-default", True)]
+
+
+@pytest.mark.parametrize(
+    ("name", "one_graph"), CASES, ids=[f"{n}{'-one-graph' * o}" for n, o in CASES]
+)
+def test_rewritten_rungs_match_the_stateful_model(
+    model_dir: Path, name: str, one_graph: bool
+) -> None:
+    """Teacher-forced logits across two boundaries, prompts shorter than a chunk (the
+    first chunk is mostly pads at 0 live tokens), a whole chunk, and longer than a rung."""
+    rewrites = SETS[name]
+    rng = np.random.default_rng(11)
+    llm = load_llm(model_dir)
+    control = StatefulRunner(read_ir(model_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES)
+    programs = DirectPrograms(llm, rewrites=rewrites, rung_chunk_tokens=8 if one_graph else None)
+    vocab = llm.vocab_tokens or 2048
+    for prompt_len in (3, 8, 37):
+        prompt = rng.integers(3, vocab, prompt_len).tolist()
+        forced = rng.integers(3, vocab, 70 - prompt_len).tolist()
+        expected = control.teacher_forced(prompt, forced)
+        session = DecodeSession(llm.roles, LADDER, CopyAndGrowKV(llm.roles, 32), programs, 8)
+        got = np.stack([session.prefill(prompt)] + [session.step(t) for t in forced])
+        session.close()
+        assert session.boundaries
+        np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
+        assert cosine_rows(got, expected).min() >= 0.99999
+
+
+def test_split_attention_reads_the_past_without_copying_it(qwen2_dir: Path) -> None:
+    llm = load_llm(qwen2_dir)
+    plain = llm.specialize(Specialization.decode(32))
+    split = llm.specialize(Specialization.decode(32), SETS["split"])
+
+    def past_readers(model: ov.Model) -> set[str]:
+        past = [p for p in model.get_parameters() if "past_key_values" in p.get_friendly_name()]
+        readers = {t.get_node() for p in past for t in p.output(0).get_target_inputs()}
+        return {n.get_type_name() for n in readers} - {"ShapeOf"}  # data readers only
+
+    def counts(model: ov.Model, kind: str) -> int:
+        return sum(op.get_type_name() == kind for op in model.get_ordered_ops())
+
+    def gqa_repeats(model: ov.Model) -> int:  # [B, Hkv, G, S, D] broadcasts of K or V
+        return sum(
+            op.get_type_name() == "Broadcast"
+            and op.get_output_partial_shape(0).rank.get_length() == 5
+            for op in model.get_ordered_ops()
+        )
+
+    assert "Concat" in past_readers(plain)
+    assert past_readers(split) == {"MatMul"}  # scores and context read the input itself
+    assert gqa_repeats(plain) == 4 and gqa_repeats(split) == 0  # 2 layers x K, V
+    # One SDPA per layer remains: the chunk's own block.
+    assert counts(split, "ScaledDotProductAttention") == counts(plain, "ScaledDotProductAttention")
+
+
+def test_last_position_head_computes_one_row(qwen2_dir: Path) -> None:
+    llm = load_llm(qwen2_dir)
+    prefill = llm.specialize(Specialization.prefill(32, 8), SETS["npu-default"])
+    assert list(prefill.output("logits").get_shape())[:2] == [1, 1]
+    decode = llm.specialize(Specialization.decode(32), SETS["npu-default"])
+    assert list(decode.output("logits").get_shape())[:2] == [1, 1]
+
+
+def test_live_state_graph_builds_its_own_mask_and_positions(qwen2_dir: Path) -> None:
+    llm = load_llm(qwen2_dir)
+    model = llm.specialize(Specialization.prefill(32, 8), SETS["cpu-default"])
+    names = {p.get_any_name() for p in model.inputs}
+    assert "attention_mask" not in names and "position_ids" not in names
+    assert [v.get_info().variable_id for v in model.get_variables()] == [LIVE_TOKENS_VARIABLE]
+    assert model.input("input_ids").get_partial_shape()[1] == ov.Dimension(1, 8)
+    compiled = ov.Core().compile_model(model, "CPU", EXACT_CPU_PROPERTIES)
+    request = compiled.create_infer_request()
+    for role in llm.roles.kv:
+        request.set_tensor(role.past_input, ov.Tensor(np.zeros(role.shape(1, 32), np.float32)))
+    state = next(s for s in request.query_state() if s.name == LIVE_TOKENS_VARIABLE)
+    state.state = ov.Tensor(np.array([4], dtype=np.int32))
+    for n, after in ((3, 7), (1, 8)):
+        request.set_tensor("input_ids", ov.Tensor(np.full((1, n), 5, dtype=np.int64)))
+        request.infer()
+        assert int(state.state.data[0]) == after  # the call advanced it by its tokens
+
+
+def test_a_refused_rewrite_leaves_the_graph_as_it_was(qwen2_dir: Path) -> None:
+    llm = load_llm(qwen2_dir)
+    model = llm.specialize(Specialization.decode(32), SETS["split"])
+    before = sorted(op.get_friendly_name() for op in model.get_ordered_ops())
+    # Split again: no attention reads a KV Concat any more, so the rewrite refuses.
+    notes = apply_rewrites(model, llm.roles, SETS["split"], prefill=False, capacity_tokens=32)
+    assert len(notes) == 1 and "split-attention not applied" in notes[0]
+    assert sorted(op.get_friendly_name() for op in model.get_ordered_ops()) == before
+
+
+def test_rewrite_sets_parse_and_name_themselves() -> None:
+    cpu = RewriteSet.for_device("CPU")
+    assert cpu.canonical == "last-position-logits+live-tokens-state+split-attention"
+    assert RewriteSet.parse(cpu.canonical) == cpu
+    assert RewriteSet.parse("split-attention,last-position-logits") == RewriteSet.for_device("NPU")
+    assert GraphRewrite.LIVE_STATE not in RewriteSet.for_device("NPU")
+    assert RewriteSet.parse("none") == RewriteSet() and RewriteSet().canonical == "none"
+    with pytest.raises(ModelError, match="unknown rewrite 'fold'"):
+        RewriteSet.parse("split-attention+fold")
