@@ -190,6 +190,7 @@ class Harness:
             "generate", str(model or self.model), "--ids", PROMPT_IDS,
             "--max-new-tokens", str(NEW_TOKENS), "--ladder", LADDER, "--ignore-eos",
             "--json", "--cache-dir", str(root),
+            "--load-mode", "import",  # through the store (CPU compiles from the IR otherwise)
         ]  # fmt: skip
 
     def generate(
@@ -228,9 +229,14 @@ def tokens_of(done: Run) -> list[int] | None:
     if done.code != 0:
         return None
     try:
-        ids: list[int] = json.loads(done.stdout)["token_ids"]
+        document = json.loads(done.stdout)
+        ids: list[int] = document["token_ids"]
     except (ValueError, KeyError):
         return None
+    if document.get("load_mode") != "import":  # the campaign tests the store's path
+        raise AssertionError(
+            f"generate loaded {document.get('load_mode')!r}, not through the store"
+        )
     return ids
 
 

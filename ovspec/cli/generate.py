@@ -248,6 +248,7 @@ def generate(
                 codec=codec,
                 streamer=write.token,
             )
+            used_load_mode = loader.compiler.load_mode.value
         write.finish()
     finally:
         if store is not None:
@@ -255,6 +256,7 @@ def generate(
 
     if as_json:
         document = _json_document(generation, prompt_ids)
+        document["load_mode"] = used_load_mode
         if codec.can_decode:
             document["text"] = codec.decode(generation.token_ids)
         emit_json(document)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.cli import cli
 from ovspec.cli.generate import KV_LAYOUT_CHOICES, POLICY_CHOICES
+from ovspec.compile.compiler import default_load_mode
 from ovspec.errors import BadRequestError, ModelError
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
@@ -71,7 +72,10 @@ def tiny_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # -- tokens and text against the control and openvino-genai ------------------------
 
 
-def test_greedy_ids_equal_the_stateful_model_and_genai(fixture_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("load_mode", ["auto", "import"])
+def test_greedy_ids_equal_the_stateful_model_and_genai(
+    fixture_dir: Path, tmp_path: Path, load_mode: str
+) -> None:
     prompt = [int(t) for t in np.load(fixture_dir / "reference.npz")["prompt_ids"][:16]]
     new_tokens = 80  # 16 + 79 fed-back positions cross the 32 and 64 boundaries
     document = generate_json(
@@ -87,8 +91,12 @@ def test_greedy_ids_equal_the_stateful_model_and_genai(fixture_dir: Path, tmp_pa
         "--ignore-eos",
         "--cache-dir",
         str(tmp_path),
+        "--load-mode",
+        load_mode,
         *EXACT,
     )
+    expected_mode = default_load_mode("CPU").value if load_mode == "auto" else load_mode
+    assert document["load_mode"] == expected_mode
     control = StatefulRunner(
         ov.Core().read_model(fixture_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
     ).greedy(prompt, new_tokens)
