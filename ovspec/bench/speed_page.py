@@ -157,6 +157,6 @@ def _targets(summary: Mapping[str, Any], bands: list[str]) -> list[str]:
             "- eager (every rung compiled up front) peak private memory "
             f"{eager['peak_anon_mib']:.0f} MiB vs one-ahead {one_ahead:.0f} MiB and genai "
             f"{genai['peak_anon_mib']:.0f} MiB: on CPU each compiled graph holds its own copy of "
-            "the FullyConnected weights (DESIGN.md §10.12)"
+            "the FullyConnected weights (DESIGN.md §10.15)"
         )
     return out

@@ -13,6 +13,7 @@ from ovspec.cli.options import (
     emit_json,
     json_option,
     ladder_option,
+    model_folder,
 )
 from ovspec.errors import ModelError
 from ovspec.ladder import Ladder
@@ -33,18 +34,10 @@ def doctor(
     stage passes; otherwise the report, then one error line and exit 2.
     """
     from ovspec.ir.diagnose import diagnose
-    from ovspec.ir.model_dir import resolve_model, writes_into_store
     from ovspec.ir.normalize import RULE_PRESENT_NAMES
     from ovspec.ir.specialize import Specialization, prefill_specialization
-    from ovspec.store.local import Store
 
-    root = cache_dir if cache_dir is not None else Store.default_root()
-    store = Store(root) if writes_into_store(model) else None
-    try:
-        model_dir = resolve_model(model, root / "models")
-    finally:
-        if store is not None:
-            store.close()
+    model_dir = model_folder(model, cache_dir)
     rungs = sorted({ladder.capacities_tokens[0], ladder.top_tokens})
     specs = [Specialization.decode(c) for c in rungs]
     specs += [prefill_specialization(c, chunk_tokens) for c in rungs]

@@ -23,6 +23,7 @@ from ovspec.ir.compression import Compression
 from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
 
 if TYPE_CHECKING:
+    from ovspec.ir.model_dir import ModelDir
     from ovspec.store.local import Store
     from ovspec.store.remote import RemoteConfig
 
@@ -257,6 +258,21 @@ def open_store(root: Path, remote: RemoteConfig | None, **kwargs: Any) -> Store:
     from ovspec.store.remote import open_remote
 
     return Store(root, remote=open_remote(remote) if remote is not None else None, **kwargs)
+
+
+def model_folder(model: str, cache_dir: Path | None) -> ModelDir:
+    """MODEL as a folder: a built-in preset or a .gguf is written into the store's
+    models/ (the store is opened only for that); a folder is used where it is."""
+    from ovspec.ir.model_dir import resolve_model, writes_into_store
+    from ovspec.store.local import Store
+
+    root = cache_dir if cache_dir is not None else Store.default_root()
+    store = Store(root) if writes_into_store(model) else None
+    try:
+        return resolve_model(model, root / "models")
+    finally:
+        if store is not None:
+            store.close()
 
 
 def json_option(func: F) -> F:

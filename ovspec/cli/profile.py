@@ -13,6 +13,7 @@ from ovspec.cli.options import (
     device_options,
     emit_json,
     json_option,
+    model_folder,
 )
 
 TOP_TYPES = 12
@@ -67,20 +68,12 @@ def profile(
     model at the same live length (OpenVINO PERF_COUNT), and the measured floors: the
     stateful step and a weights-only read of the .bin."""
     from ovspec.bench.profile import profile_rung
-    from ovspec.ir.model_dir import resolve_model, writes_into_store
     from ovspec.ir.reference import EXACT_CPU_PROPERTIES
     from ovspec.ir.rewrites import RewriteSet
     from ovspec.runtime.decoding import loader_properties
-    from ovspec.store.local import Store
 
-    root = cache_dir if cache_dir is not None else Store.default_root()
     rewrite_set = RewriteSet.parse(rewrites) if rewrites is not None else None
-    store = Store(root) if writes_into_store(model) else None
-    try:
-        model_dir = resolve_model(model, root / "models")
-    finally:
-        if store is not None:
-            store.close()
+    model_dir = model_folder(model, cache_dir)
     exact = EXACT_CPU_PROPERTIES if device.upper() == "CPU" else {}
     properties = loader_properties(device, dict(config) if config else exact)
     report = profile_rung(

@@ -76,7 +76,7 @@ class LoadMode(Enum):
     never touches the store: OpenVINO 2026.4's CPU plugin re-classifies an imported
     graph after its transformations, so every imported CPU graph loses the LLM
     treatment and unpacks f16 weights to f32 (2x the memory, ~1.6x the step, measured;
-    DESIGN.md §10.12). ``ovspec.open`` picks COMPILE for CPU.
+    DESIGN.md §10.15). ``ovspec.open`` picks COMPILE for CPU.
     """
 
     IMPORT = "import"
@@ -180,7 +180,7 @@ class Compiler:
         self.load_mode = load_mode
         # With the live-tokens state a prefill graph takes 1..P tokens per call, so it
         # also decodes: given P, COMPILE mode serves a rung's decode from that graph
-        # (one compiled graph, one copy of the weights per rung; DESIGN.md §10.12).
+        # (one compiled graph, one copy of the weights per rung; DESIGN.md §10.15).
         self.rung_chunk_tokens = (
             rung_chunk_tokens
             if load_mode is LoadMode.COMPILE and GraphRewrite.LIVE_STATE in self.rewrites
@@ -413,16 +413,7 @@ class Compiler:
             compiled = self._graphs.get(target)
             compile_s = 0.0
             if compiled is None:
-                model = self.specialize(target)
-                began = time.perf_counter()
-                try:
-                    compiled = self._core.compile_model(model, self.device, self.properties)
-                except RuntimeError as exc:
-                    raise CompileError(
-                        f"{self.device} failed to compile {target.label}: {openvino_message(exc)}"
-                    ) from exc
-                compile_s = time.perf_counter() - began
-                del model
+                compiled, compile_s = self._compile(target, self.properties)
                 self._graphs[target] = compiled
                 log.debug("compiled %s from the IR in %.3f s", target.label, compile_s)
         outcome = BuildOutcome(
@@ -439,16 +430,22 @@ class Compiler:
         reused = compile_s == 0.0
         return Program(spec, compiled, outcome, 0.0, np.empty(0, dtype=np.uint8), reused)
 
-    def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float, int]:
+    def _compile(
+        self, spec: Specialization, properties: Mapping[str, Any]
+    ) -> tuple[ov.CompiledModel, float]:
+        """``spec``'s graph compiled with ``properties``, and the compile's seconds."""
         model = self.specialize(spec)
         began = time.perf_counter()
         try:
-            compiled = self._core.compile_model(model, self.device, self._compile_properties)
+            compiled = self._core.compile_model(model, self.device, dict(properties))
         except RuntimeError as exc:
             raise CompileError(
                 f"{self.device} failed to compile {spec.label}: {openvino_message(exc)}"
             ) from exc
-        compile_s = time.perf_counter() - began
+        return compiled, time.perf_counter() - began
+
+    def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float, int]:
+        compiled, compile_s = self._compile(spec, self._compile_properties)
         began = time.perf_counter()
         try:
             with path.open("wb") as f:

@@ -76,7 +76,7 @@ class RewriteSet:
         """The default set. Split attention and the last-position head are plain opset
         ops for every device; the live-tokens state only for CPU, whose plugin keeps f16
         weights (half the memory and bytes read per step) only for a model with an SDPA
-        and a state variable (DESIGN.md §10.12). NPU graphs stay stateless."""
+        and a state variable (DESIGN.md §10.15). NPU graphs stay stateless."""
         base = {GraphRewrite.SPLIT_ATTENTION, GraphRewrite.LAST_POSITION}
         if family == "CPU":
             base.add(GraphRewrite.LIVE_STATE)
@@ -381,7 +381,7 @@ def live_tokens_state(model: ov.Model, roles: ModelRoles, capacity_tokens: int) 
     j < t, the chunk's P tokens are all real and sit at positions t..t+P-1, and the call
     leaves t + P in the state. The runtime sets t when it binds a rung (and nothing per
     step). A state variable and an SDPA make OpenVINO's CPU plugin treat the graph as an
-    LLM: f16 weights stay f16 in FullyConnected (DESIGN.md §10.12).
+    LLM: f16 weights stay f16 in FullyConnected (DESIGN.md §10.15).
     """
     mask_param = _parameter(model, roles.attention_mask)
     ids = _parameter(model, roles.input_ids).output(0)

@@ -178,7 +178,7 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
 
 def test_cpu_compiles_one_graph_per_rung_from_the_ir(qwen2_dir: Path, store: Store) -> None:
     """CPU's default: each rung compiled from the IR, its prefill graph also decoding;
-    the store is never read nor written (DESIGN.md §10.12)."""
+    the store is never read nor written (DESIGN.md §10.15)."""
     prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
     expected = StatefulRunner(
         ov.Core().read_model(qwen2_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES

@@ -693,7 +693,7 @@ def test_measure_times_a_decode_on_each_rung(built_store: Path) -> None:
     doc = json.loads(result.stdout)
     for rung in doc["rungs"]:
         measured = rung["measured"]
-        # On CPU the loader compiles each rung from the IR (DESIGN.md §10.12): the plan
+        # On CPU the loader compiles each rung from the IR (DESIGN.md §10.15): the plan
         # measures what a run does, so no rung comes from the store.
         assert measured["store_hit"] is False and measured["steps"] == 4
         assert rung["decode_s_per_token"] == measured["decode_s_per_token"] > 0
