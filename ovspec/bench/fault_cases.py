@@ -35,6 +35,7 @@ from ovspec.bench.faults import (
     summarize,
     tokens_of,
 )
+from ovspec.store.local import Store
 
 # -- payload damage (the earlier campaign's classes) ----------------------------------
 
@@ -298,7 +299,7 @@ time.sleep(600)
 
 def stopped_lock_holder(h: Harness) -> Outcome:
     root = h.new_store("sigstop")
-    h.run("cache", "ls", "--cache-dir", str(root))  # create it
+    Store(root).close()  # create it (read-only commands such as `cache ls` never do)
     outcome = Outcome()
     lock = root / "locks" / f"{h.keys['prefill@32x32']}.lock"
     holder = subprocess.Popen(
