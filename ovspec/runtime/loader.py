@@ -129,9 +129,14 @@ class Loader:
             return
         # One graph may serve the rung's prefill and decode (COMPILE mode on CPU): then
         # the prompt's graph is the first decode graph too, and the worker stays idle.
+        # The decode is taken at once (no compile, no warm-up): it keeps the graph alive
+        # when the session releases the prefill after the prompt.
         if self.compiler.graph_spec(decode) != self.compiler.graph_spec(prefill):
             self._submit(decode, foreground=True)
+            self._obtain(prefill, record_wait=False)
+            return
         self._obtain(prefill, record_wait=False)
+        self._obtain(decode, record_wait=False)
 
     def get(self, spec: Specialization | int) -> ov.CompiledModel:
         """The compiled graph of ``spec`` (a rung means its decode graph); loads it in the
@@ -274,7 +279,10 @@ class Loader:
             note = f"fetched {build.blob_bytes} bytes instead of a {build.compile_s:.3f} s compile"
             self._record(EventKind.FETCHED, spec, foreground, seconds=build.fetch_s, note=note)
         else:
-            self._record(EventKind.COMPILED, spec, foreground, seconds=build.compile_s)
+            note = (
+                "the graph another specialization compiled (no compile)" if program.reused else ""
+            )
+            self._record(EventKind.COMPILED, spec, foreground, seconds=build.compile_s, note=note)
         warm_s = 0.0
         # A prefill graph is not warmed: its warm-up is a whole prompt chunk of zeros
         # (seconds on a large model), paid once by the real prompt anyway. Nor is a graph

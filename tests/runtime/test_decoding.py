@@ -200,11 +200,31 @@ def test_cpu_compiles_one_graph_per_rung_from_the_ir(qwen2_dir: Path, store: Sto
     assert list(result.token_ids) == expected
     kinds = {e.kind for e in result.events}
     assert EventKind.STORE_HIT not in kinds and EventKind.COMPILED in kinds
-    # The worker stays idle at start: decode@32 is asked for by the first decode step,
-    # after the prompt, and is the prefill graph already there.
+    # The worker stays idle at start: decode@32 is the prefill graph, taken before the
+    # prompt runs, without a compile or a warm-up.
     prefill_in = next(e for e in result.events if e.kind is EventKind.LOADED)
-    decode_start = next(
-        e for e in result.events if e.kind is EventKind.LOAD_START and e.spec == "decode@32"
+    decode_in = next(
+        e for e in result.events if e.kind is EventKind.LOADED and e.spec == "decode@32"
     )
-    assert prefill_in.spec == "prefill@32x8" and decode_start.at_s >= result.first_token_s
+    assert prefill_in.spec == "prefill@32x8" and decode_in.at_s <= result.ready_s
+    assert "warm-up 0.000 s" in decode_in.note
     assert store.stats().entries == 0
+
+
+def test_cpu_compiles_each_rung_once_when_passed_rungs_are_released(
+    qwen2_dir: Path, store: Store
+) -> None:
+    """The default path: the session releases the prefill graph after the prompt, and the
+    rung's decode (the same graph) must not compile it again."""
+    prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
+    with ovspec.open(
+        qwen2_dir,
+        ladder="32,64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        prefill_chunk_tokens=8,
+    ) as loader:
+        result = decode(loader, prompt, max_new_tokens=60)
+    compiles = [e for e in result.events if e.kind is EventKind.COMPILED and e.seconds > 0]
+    assert sorted(e.spec for e in compiles) == ["decode@128", "decode@64", "prefill@32x8"]
+    assert result.rungs == (32, 64, 128)
