@@ -60,6 +60,9 @@ class LoaderEvent:
     foreground: bool
     seconds: float = 0.0  # the duration this event closes (compile, import, wait)
     note: str = ""
+    # COMPILED under the device/host split: the host's whole build (compile, export,
+    # the validating import, publish), which is what the next rung waits for.
+    build_s: float = 0.0
 
 
 class Loader:
@@ -274,7 +277,9 @@ class Loader:
             note = f"fetched {build.blob_bytes} bytes instead of a {build.compile_s:.3f} s compile"
             self._record(EventKind.FETCHED, spec, foreground, seconds=build.fetch_s, note=note)
         else:
-            self._record(EventKind.COMPILED, spec, foreground, seconds=build.compile_s)
+            self._record(
+                EventKind.COMPILED, spec, foreground, seconds=build.compile_s, build_s=build.host_s
+            )
         warm_s = 0.0
         # A prefill graph is not warmed: its warm-up is a whole prompt chunk of zeros
         # (seconds on a large model), paid once by the real prompt anyway. Nor is a graph
@@ -325,9 +330,10 @@ class Loader:
         foreground: bool,
         seconds: float = 0.0,
         note: str = "",
+        build_s: float = 0.0,
     ) -> None:
         event = LoaderEvent(
-            kind, spec.label, self._clock() - self._opened_s, foreground, seconds, note
+            kind, spec.label, self._clock() - self._opened_s, foreground, seconds, note, build_s
         )
         with self._lock:
             self._events.append(event)
