@@ -102,6 +102,7 @@ class RunFigures:
     # the split; compile + export otherwise) plus the import and warm-up.
     ready_cost_s: dict[str, float] = field(default_factory=dict)
     first_rung_wall_s: float = 0.0  # origin -> every graph of the first rung loaded
+    compile_s_by_graph: dict[str, float] = field(default_factory=dict)  # compile only
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -253,6 +254,7 @@ def compute(
         split=split,
         load_mode=load_mode,
         ready_cost_s=ready_costs(events),
+        compile_s_by_graph={e.spec: e.seconds for e in events if e.kind is EventKind.COMPILED},
         first_rung_wall_s=max(
             (
                 e.at_s

@@ -10,6 +10,7 @@ aggregates; ``figures`` computes per-run numbers and ``plots`` draws them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -76,10 +77,10 @@ class BenchConfig:
     @property
     def arms(self) -> list[tuple[str, str, CoreSplit | None]]:
         """(label, store variant, split) per arm: the label names the runs of one arm
-        (``cold``, or ``cold-shared`` for the shared-core variant beside a split)."""
+        (``cold-split`` and ``cold-shared`` beside it; ``cold`` with no split)."""
         out: list[tuple[str, str, CoreSplit | None]] = []
         for variant in self.variants:
-            out.append((variant, variant, self.split))
+            out.append((f"{variant}-split" if self.split else variant, variant, self.split))
             if self.split is not None and self.shared_too:
                 out.append((f"{variant}-shared", variant, None))
         return out
@@ -117,6 +118,9 @@ class BenchResult:
     # last live length, and every thread reading the weights once (issue 9).
     floor_step_ms: dict[int, float] = field(default_factory=dict)
     weights_read_ms: float = 0.0
+    # os.getloadavg() when the runs began and when they ended: the machine's other load.
+    load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def select(self, variant: str, protocol: Protocol) -> list[RunOutcome]:
         return sorted(
@@ -187,6 +191,7 @@ def run_bench(
     prompt, forced = make_tokens(config)
     result = BenchResult(config, memcpy_bytes_per_s=measure_memcpy_bytes_per_s())
     result.floor_step_ms, result.weights_read_ms = measure_floor(config)
+    result.load_before = os.getloadavg()
     orders = williams_orders(list(config.protocols), config.repetitions, config.seed)
     for variant in config.variants:
         arms = [(label, split) for label, v, split in config.arms if v == variant]
@@ -195,9 +200,7 @@ def run_bench(
             # Prime: one untimed run per protocol and arm fills the store with every graph.
             for label, split in arms:
                 for protocol in config.protocols:
-                    _run_one(
-                        config, worker, label, -1, protocol, warm_store, prompt, forced, split
-                    )
+                    _run_one(config, worker, label, -1, protocol, warm_store, prompt, forced, split)
         for repetition, order in enumerate(orders):
             # Split and shared arms alternate which goes first, repetition by repetition.
             for label, split in arms[:: 1 if repetition % 2 == 0 else -1]:
@@ -215,6 +218,7 @@ def run_bench(
                         on_run(outcome.figures)
         shutil.rmtree(warm_store, ignore_errors=True)
     result.wall_s = time.perf_counter() - began
+    result.load_after = os.getloadavg()
     return result
 
 

@@ -14,19 +14,19 @@ from ovspec.cli.options import (
     cache_dir_option,
     chunk_option,
     compress_option,
-    split_option,
     device_options,
     emit_json,
     json_option,
     ladder_option,
+    split_option,
 )
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
-    from ovspec.ir.compression import Compression
     from ovspec.bench.metrics import RunFigures
     from ovspec.bench.protocols import Protocol
+    from ovspec.ir.compression import Compression
 
 
 @cli.command()

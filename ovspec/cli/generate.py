@@ -24,9 +24,9 @@ from ovspec.cli.options import (
     json_option,
     ladder_option,
     load_mode_option,
-    split_option,
     open_store,
     remote_options,
+    split_option,
 )
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder

@@ -28,7 +28,6 @@ import numpy as np
 import openvino as ov
 
 from ovspec.compile.blobfile import FileSink, map_file
-from ovspec.compile.split import HostBuilder
 from ovspec.compile.devices import (
     DeviceFacts,
     compiler_version,
@@ -36,6 +35,7 @@ from ovspec.compile.devices import (
     key_properties,
     resolve_device,
 )
+from ovspec.compile.split import HostBuilder
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
@@ -375,7 +375,9 @@ class Compiler:
             return self._compile_program(spec)
         host = None
         if self.host_builder is not None:  # the host publishes; the import below hits
-            host = self.host_builder.build(spec.phase.value, spec.capacity_tokens, spec.chunk_tokens)
+            host = self.host_builder.build(
+                spec.phase.value, spec.capacity_tokens, spec.chunk_tokens
+            )
         _, program = self._build(spec, keep_import=True)
         assert program is not None  # keep_import=True always imports
         if host is not None:

@@ -225,11 +225,12 @@ class HostBuilder:
             except queue.Empty:
                 if not self._process.is_alive():
                     raise CompileError(
-                        f"the host build process died (exit {self._process.exitcode}) during "
-                        f"{what}"
+                        f"the host build process died (exit {self._process.exitcode}) during {what}"
                     ) from None
                 if timeout_s is not None and time.monotonic() - began > timeout_s:
-                    raise CompileError(f"the host build process did not {what} in {timeout_s} s")
+                    raise CompileError(
+                        f"the host build process did not {what} in {timeout_s} s"
+                    ) from None
                 continue
             if "error" in reply:
                 raise CompileError(f"host build: {reply['error']}")

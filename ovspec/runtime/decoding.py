@@ -147,6 +147,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         on_close=on_close,
         origin_s=origin_s,
         kv_layout=kv_layout,
+        worker_cores=cores.host if cores is not None else None,
     )
 
 
@@ -155,7 +156,7 @@ def _start_split(
 ) -> None:
     """Pin this process to the device cores and start the host build process."""
     before = pin_process(cores.device)
-    on_close.append(lambda: pin_process(before))
+    on_close.append(lambda: _restore_affinity(before))
     builder = HostBuilder.start(
         model_root=compiler.model_dir.root,
         models_folder=store.models_folder,
@@ -169,6 +170,10 @@ def _start_split(
     )
     compiler.host_builder = builder
     on_close.insert(0, builder.close)
+
+
+def _restore_affinity(cores: tuple[int, ...]) -> None:
+    pin_process(cores)
 
 
 def _remote(remote: Remote | RemoteConfig | str | None) -> Remote | None:

@@ -80,6 +80,7 @@ class Loader:
         origin_s: float | None = None,
         warm_up: bool = True,
         kv_layout: KVLayout | None = None,
+        worker_cores: tuple[int, ...] | None = None,
     ) -> None:
         self.compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
@@ -95,8 +96,15 @@ class Loader:
         self._programs: dict[Specialization, Program] = {}
         self._pending: dict[Specialization, Future[Program]] = {}
         self._events: list[LoaderEvent] = []
+        # Under the device/host split the worker thread (waiting for the host's builds,
+        # importing and warming what it published) runs on the host cores, so only the
+        # decode thread and OpenVINO's inference threads use the device cores.
+        self.worker_cores = worker_cores
         self._worker = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="ovspec-loader", initializer=_lower_priority
+            max_workers=1,
+            thread_name_prefix="ovspec-loader",
+            initializer=_prepare_worker,
+            initargs=(worker_cores,),
         )
         self._closed = False
         self._on_close = list(on_close)
@@ -362,6 +370,12 @@ def warm_up(compiled: ov.CompiledModel) -> float:
         request.set_tensor(port, ov.Tensor(np.zeros(dims, dtype=port.element_type.to_dtype())))
     request.infer()
     return time.perf_counter() - began
+
+
+def _prepare_worker(cores: tuple[int, ...] | None) -> None:
+    if cores is not None:
+        os.sched_setaffinity(0, cores)  # Linux: this thread only
+    _lower_priority()
 
 
 def _lower_priority() -> None:
