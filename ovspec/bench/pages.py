@@ -26,6 +26,7 @@ RENDERERS: dict[str, str] = {
     "kv": "ovspec.bench.kvbench_report:render",
     "remote": "ovspec.bench.remote_bench:render",
     "speed": "ovspec.bench.speed:render",
+    "sweep": "ovspec.bench.sweep:render",
 }
 
 RESULTS_FOLDER = "results"

@@ -54,6 +54,7 @@ class BenchConfig:
     shared_too: bool = False  # with a split, also run every protocol on shared cores
     load_mode: str = "import"  # every protocol loads the same way (the split needs import)
     compression: str = "none"
+    measure_floor: bool = True  # the stateful model's step per band (the sweep skips it)
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -190,7 +191,8 @@ def run_bench(
     worker = run_worker or _run_worker_process
     prompt, forced = make_tokens(config)
     result = BenchResult(config, memcpy_bytes_per_s=measure_memcpy_bytes_per_s())
-    result.floor_step_ms, result.weights_read_ms = measure_floor(config)
+    if config.measure_floor:
+        result.floor_step_ms, result.weights_read_ms = measure_floor(config)
     result.load_before = os.getloadavg()
     orders = williams_orders(list(config.protocols), config.repetitions, config.seed)
     for variant in config.variants:
