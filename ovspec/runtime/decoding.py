@@ -302,8 +302,6 @@ def decode(
     choice = choose_layout(kv_layout or loader.kv_layout, roles, ladder)
     if choice.failover:
         warnings.warn(choice.note, KVLayoutWarning, stacklevel=2)
-    if choice.layout is KVLayout.SHARED_MAX:
-        loader.disable_warm_up()
     first = ladder.rung_for(len(prompt_ids))
     loader.start(first)
     prompt_ready_s = time.perf_counter() - origin
