@@ -277,8 +277,8 @@ class SharedMaxKV(KVCache):
     ``dense_views`` (the default): rung C's past is the first C-rung's worth of the flat
     buffer, a dense array, and a boundary re-strides the live KV in place (no new
     allocation; the bytes move up inside the one buffer, the free slots are zeroed).
-    Strided views (each head's rows a top rung apart) cost the CPU plugin a slower step on every call and cannot be
-    warmed up (OpenVINO 2026.4 corrupts its heap when a compiled model runs dense inputs
+    Strided views (each head's rows a top rung apart) cost the CPU plugin a slower step
+    on every call and cannot be warmed up (OpenVINO 2026.4 corrupts its heap when a compiled model runs dense inputs
     and then strided ones); they are kept for the measurement (docs/benchmarks/bench.md).
     """
 
