@@ -278,8 +278,9 @@ class SharedMaxKV(KVCache):
     buffer, a dense array, and a boundary re-strides the live KV in place (no new
     allocation; the bytes move up inside the one buffer, the free slots are zeroed).
     Strided views (each head's rows a top rung apart) cost the CPU plugin a slower step
-    on every call and cannot be warmed up (OpenVINO 2026.4 corrupts its heap when a compiled model runs dense inputs
-    and then strided ones); they are kept for the measurement (docs/benchmarks/bench.md).
+    on every call and cannot be warmed up (OpenVINO 2026.4 corrupts its heap when a
+    compiled model runs dense inputs and then strided ones); they are kept for the
+    measurement (docs/benchmarks/bench.md).
     """
 
     def __init__(
