@@ -211,11 +211,10 @@ def _setup(document: Mapping[str, Any]) -> list[str]:
         + ", ".join(f"`{k_}={v}`" for k_, v in sorted(cfg["properties"].items()))
         + ".",
         f"- **Design**: N = {n} per protocol; each repetition runs the {k} protocols in the "
-        f"order of one row of a {k}x{k} Williams square (rows shuffled by the seed, then "
-        f"cycled: with N = {n} the first row runs twice, so order is balanced over the "
-        f"first {k} repetitions, not the last); the split and shared arms alternate which "
-        "goes first. Every run is a fresh process with a cold (empty) store; the clock "
-        "starts when the loader is open (OpenVINO loaded, the host process up).",
+        f"order of one row of a {_design(k)} (rows shuffled by the seed, then cycled"
+        f"{_cycling(n, k)}); the split and shared arms alternate which goes first. Every run "
+        "is a fresh process with a cold (empty) store; the clock starts when the loader is "
+        "open (OpenVINO loaded, the host process up).",
         f"- **Machine**: {env.get('cpu', '?')}, {env.get('cores', '?')} cores; OpenVINO "
         f"{env.get('openvino', '?')}; load average (1, 5, 15 min) {before} before the runs "
         f"and {after} after; wall {document['wall_s'] / 60:.1f} min.",
@@ -223,6 +222,24 @@ def _setup(document: Mapping[str, Any]) -> list[str]:
         "(unpacked f32 when imported) copy of the weights, so RSS counts graphs, not only KV; "
         "an NPU holds them in device memory instead.",
     ]
+
+
+def _design(k: int) -> str:
+    return f"{k}x{k} Williams square" if k % 2 == 0 else f"{2 * k}-row Williams design"
+
+
+def _cycling(n: int, k: int) -> str:
+    rows = k if k % 2 == 0 else 2 * k
+    if n == rows:
+        return ": position and first-order carry-over balanced"
+    if n < rows:
+        return f": the first {n} of {rows} rows, so order is only partly balanced"
+    extra = (
+        f"repetition {n} repeats row 1"
+        if n == rows + 1
+        else f"repetitions {rows + 1}-{n} repeat rows 1-{n - rows}"
+    )
+    return f": {extra}, so order is balanced over the first {rows} repetitions only"
 
 
 def _seed_table(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]:
