@@ -159,7 +159,7 @@ def bench(
         load_mode=load_mode,
         compression=str(compression),
     )
-    total = len(bench_config.variants) * repetitions * len(bench_config.protocols)
+    total = len(bench_config.arms) * repetitions * len(bench_config.protocols)
 
     done = 0
 
