@@ -95,3 +95,13 @@ def test_williams_orders_for_four_protocols_and_five_repetitions() -> None:
     assert len(pairs) == len(set(pairs)) == 12
     # N = 5: the rows are cycled, so the fifth repetition repeats the first row.
     assert orders[4] == orders[0]
+
+
+def test_peak_rss_is_this_process_own_high_water_mark() -> None:
+    import resource
+
+    from ovspec.bench.worker import peak_rss
+
+    peak = peak_rss()
+    # VmHWM never exceeds ru_maxrss (which also keeps a pre-exec image's peak).
+    assert 0 < peak <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
