@@ -10,16 +10,25 @@ and the shared-core variant beside the split.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from ovspec.bench.metrics import RunFigures, median
+from ovspec.bench.bench_sections import (
+    Runs,
+    agreement,
+    bands,
+    ci,
+    effect,
+    med,
+    sharing,
+    slack_table,
+    successor_compile_s,
+    summary,
+)
+from ovspec.bench.metrics import median
 from ovspec.bench.protocols import CONTROL, SETUPS, Protocol
 from ovspec.bench.runner import BenchResult, boundary_agreement
-from ovspec.errors import TrialError
 from ovspec.ladder import Ladder
-from ovspec.runtime.plan import RungCosts, plan_one_ahead
-from ovspec.stats.paired import PairedSummary, summarize_pairs
 
 MIB = 2**20
 
@@ -86,66 +95,12 @@ def page_document(result: BenchResult, env: Mapping[str, str], command: str) -> 
     }
 
 
-# -- reading the document -----------------------------------------------------------
-
-
-class _Runs:
-    def __init__(self, document: Mapping[str, Any]) -> None:
-        self.runs = [RunFigures.from_json(r) for r in document["runs"]]
-
-    def select(self, arm: str, protocol: str) -> list[RunFigures]:
-        return sorted(
-            (r for r in self.runs if r.variant == arm and r.protocol == protocol),
-            key=lambda r: r.repetition,
-        )
-
-    def pairs(
-        self, arm: str, a: str, b: str, value: Any, arm_b: str | None = None
-    ) -> tuple[list[float], list[float]]:
-        first = {r.repetition: r for r in self.select(arm, a)}
-        second = {r.repetition: r for r in self.select(arm_b or arm, b)}
-        common = sorted(set(first) & set(second))
-        return [float(value(first[i])) for i in common], [float(value(second[i])) for i in common]
-
-
-def _summary(xs: Sequence[float], ys: Sequence[float]) -> PairedSummary | None:
-    try:
-        return summarize_pairs(list(xs), list(ys), unit="s")
-    except TrialError:
-        return None
-
-
-def _effect(s: PairedSummary | None) -> str:
-    if s is None:
-        return "n/a (fewer than 2 pairs)"
-    return f"{s.mean_diff:+.2f} s · {100 * s.relative_change:+.2f}%"
-
-
-def _ci(s: PairedSummary | None, scale: float = 1.0, unit: str = "s") -> str:
-    if s is None:
-        return "n/a"
-    return f"[{scale * s.t_test.ci_low:+.3f}, {scale * s.t_test.ci_high:+.3f}] {unit}"
-
-
-def _med(runs: Sequence[RunFigures], value: Any) -> float:
-    return median([float(value(r)) for r in runs])
-
-
-def _successor_compile_s(r: RunFigures, first: int) -> float:
-    """Compile seconds of graphs loaded in the background (successors), as recorded."""
-    return sum(v for k, v in _compiles(r).items() if int(k.split("@")[1].split("x")[0]) != first)
-
-
-def _compiles(r: RunFigures) -> dict[str, float]:
-    return dict(r.compile_s_by_graph)
-
-
 # -- rendering ----------------------------------------------------------------------
 
 
 def render(document: Mapping[str, Any]) -> str:
     cfg = document["config"]
-    runs = _Runs(document)
+    runs = Runs(document)
     arms: list[str] = list(cfg["arms"])
     main = arms[0]
     lines = [
@@ -173,11 +128,11 @@ def render(document: Mapping[str, Any]) -> str:
     for arm in arms:
         lines += ["", f"## Every protocol ({arm})", "", *_protocol_table(runs, cfg, arm)]
     lines += ["", "## The plan's predicted slack against the measured one", ""]
-    lines += _slack_table(document, runs, main)
+    lines += slack_table(document, runs, main)
     if len(arms) > 1:
-        lines += ["", "## The cost of sharing the cores", "", *_sharing(runs, cfg, arms)]
-    lines += ["", "## Baselines: B1 against B0 and I1 per band", "", *_bands(document, runs, main)]
-    lines += ["", "## Boundary logits against the I1 control", "", *_agreement(document)]
+        lines += ["", "## The cost of sharing the cores", "", *sharing(runs, cfg, arms)]
+    lines += ["", "## Baselines: B1 against B0 and I1 per band", "", *bands(document, runs, main)]
+    lines += ["", "## Boundary logits against the I1 control", "", *agreement(document)]
     return "\n".join(lines) + "\n"
 
 
@@ -242,7 +197,7 @@ def _cycling(n: int, k: int) -> str:
     return f": {extra}, so order is balanced over the first {rows} repetitions only"
 
 
-def _seed_table(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]:
+def _seed_table(document: Mapping[str, Any], runs: Runs, arm: str) -> list[str]:
     i1, i2 = runs.select(arm, "I1"), runs.select(arm, "I2")
     if not i1 or not i2:
         return ["(I1 and I2 did not both run)"]
@@ -255,10 +210,10 @@ def _seed_table(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]
     ]
     for name, title in ROWS:
         xs, ys = runs.pairs(arm, "I1", "I2", lambda r, n=name: getattr(r, n))
-        s = _summary(xs, ys)
+        s = summary(xs, ys)
         seed_a, seed_b, seed_effect = SEED[name]
         lines.append(
-            f"| {title} | {median(xs):.2f} s | {median(ys):.2f} s | {_effect(s)} | {_ci(s)} | "
+            f"| {title} | {median(xs):.2f} s | {median(ys):.2f} s | {effect(s)} | {ci(s)} | "
             f"{seed_a} s | {seed_b} s | {seed_effect} | {SEED_CI[name]} |"
         )
     waits = [r.boundary_wait_s for r in i2]
@@ -268,7 +223,7 @@ def _seed_table(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]
         f"| Boundary wait | — | {sum(waits):.2f} s in all | {met} / {total} ready | | — | "
         "0.00 s | 15 / 15 ready | |"
     )
-    succ = [_successor_compile_s(r, first_rung) for r in i2]
+    succ = [successor_compile_s(r, first_rung) for r in i2]
     lines.append(
         f"| Successor compilation during decoding | — | {median(succ):.2f} s (median per run) "
         f"| | | — | {SEED_SUCCESSOR_COMPILE_S} s | | |"
@@ -281,7 +236,7 @@ def _seed_table(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]
     )
     fg_share = median([a.foreground_s / a.critical_path_s for a in i1])
     succ_share = median(
-        [_successor_compile_s(r, first_rung) / r.decode_s for r in i2 if r.decode_s > 0]
+        [successor_compile_s(r, first_rung) / r.decode_s for r in i2 if r.decode_s > 0]
     )
     kv = runs.pairs(arm, "I1", "I2", lambda r: r.reserved_kv_open_to_last_bytes)
     rss = runs.pairs(arm, "I1", "I2", lambda r: r.peak_rss_bytes)
@@ -306,9 +261,9 @@ def _seed_table(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]
     return lines
 
 
-def _done_when(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]:
-    cp = _summary(*runs.pairs(arm, "I1", "I2", lambda r: r.critical_path_s))
-    dec = _summary(*runs.pairs(arm, "I1", "I2", lambda r: r.decode_s))
+def _done_when(document: Mapping[str, Any], runs: Runs, arm: str) -> list[str]:
+    cp = summary(*runs.pairs(arm, "I1", "I2", lambda r: r.critical_path_s))
+    dec = summary(*runs.pairs(arm, "I1", "I2", lambda r: r.decode_s))
     i2 = runs.select(arm, "I2")
     met = sum(r.deadlines_met[0] for r in i2)
     total = sum(r.deadlines_met[1] for r in i2)
@@ -320,12 +275,12 @@ def _done_when(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]:
     rows = [
         (
             "I2's critical path shorter than I1's, 95% CI excluding 0",
-            f"{_effect(cp)}, CI {_ci(cp)}",
+            f"{effect(cp)}, CI {ci(cp)}",
             cp_ok,
         ),
         (
             "I2's decode within 2% of I1's (CI reported)",
-            f"{_effect(dec)}, CI {_ci(dec)}",
+            f"{effect(dec)}, CI {ci(dec)}",
             dec_ok,
         ),
         (
@@ -345,7 +300,7 @@ def _done_when(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]:
     return lines
 
 
-def _protocol_table(runs: _Runs, cfg: Mapping[str, Any], arm: str) -> list[str]:
+def _protocol_table(runs: Runs, cfg: Mapping[str, Any], arm: str) -> list[str]:
     lines = [
         "| protocol | fg s | TTFT s | critical s | decode s | wait s | deadlines | "
         "KV/token MiB | KV time (decode) MiB | KV open→last MiB | KV peak MiB | "
@@ -359,19 +314,19 @@ def _protocol_table(runs: _Runs, cfg: Mapping[str, Any], arm: str) -> list[str]:
         met = sum(r.deadlines_met[0] for r in rs)
         total = sum(r.deadlines_met[1] for r in rs)
         lines.append(
-            f"| {protocol} | {_med(rs, lambda r: r.foreground_s):.2f} | "
-            f"{_med(rs, lambda r: r.time_to_first_token_s):.2f} | "
-            f"{_med(rs, lambda r: r.critical_path_s):.2f} | {_med(rs, lambda r: r.decode_s):.2f} | "
-            f"{_med(rs, lambda r: r.boundary_wait_s):.3f} | "
+            f"| {protocol} | {med(rs, lambda r: r.foreground_s):.2f} | "
+            f"{med(rs, lambda r: r.time_to_first_token_s):.2f} | "
+            f"{med(rs, lambda r: r.critical_path_s):.2f} | {med(rs, lambda r: r.decode_s):.2f} | "
+            f"{med(rs, lambda r: r.boundary_wait_s):.3f} | "
             f"{f'{met}/{total}' if total else '—'} | "
-            f"{_med(rs, lambda r: r.reserved_kv_token_weighted_bytes) / MIB:.2f} | "
-            f"{_med(rs, lambda r: r.reserved_kv_time_weighted_bytes) / MIB:.2f} | "
-            f"{_med(rs, lambda r: r.reserved_kv_open_to_last_bytes) / MIB:.2f} | "
-            f"{_med(rs, lambda r: r.peak_kv_bytes) / MIB:.2f} | "
-            f"{1000 * _med(rs, lambda r: r.migration_total_s):.2f} | "
-            f"{1000 * _med(rs, lambda r: r.migration_per_boundary_s):.2f} | "
-            f"{1e6 * _med(rs, lambda r: r.migration_per_token_s):.2f} | "
-            f"{_med(rs, lambda r: r.peak_rss_bytes) / MIB:.0f} |"
+            f"{med(rs, lambda r: r.reserved_kv_token_weighted_bytes) / MIB:.2f} | "
+            f"{med(rs, lambda r: r.reserved_kv_time_weighted_bytes) / MIB:.2f} | "
+            f"{med(rs, lambda r: r.reserved_kv_open_to_last_bytes) / MIB:.2f} | "
+            f"{med(rs, lambda r: r.peak_kv_bytes) / MIB:.2f} | "
+            f"{1000 * med(rs, lambda r: r.migration_total_s):.2f} | "
+            f"{1000 * med(rs, lambda r: r.migration_per_boundary_s):.2f} | "
+            f"{1e6 * med(rs, lambda r: r.migration_per_token_s):.2f} | "
+            f"{med(rs, lambda r: r.peak_rss_bytes) / MIB:.0f} |"
         )
     lines.append("")
     lines.append(
@@ -382,161 +337,12 @@ def _protocol_table(runs: _Runs, cfg: Mapping[str, Any], arm: str) -> list[str]:
     )
     i2 = runs.select(arm, "I2")
     if i2:
-        fg = _med(i2, lambda r: r.foreground_s)
-        wall = _med(i2, lambda r: r.first_rung_wall_s)
+        fg = med(i2, lambda r: r.foreground_s)
+        wall = med(i2, lambda r: r.first_rung_wall_s)
         lines.append(
             f"I2's foreground ({fg:.2f} s: the prompt's graph is ready) against the first "
             f"rung's own foreground wall ({wall:.2f} s: every graph of the first rung loaded, "
             "side by side where the cores allow; under the split one host core builds them "
             "one after the other)."
         )
-    return lines
-
-
-def predicted_slack(i1: RunFigures, i2: RunFigures, cfg: Mapping[str, Any]) -> list[float]:
-    """The plan's slack per boundary for I2's run, from the I1 control's measured costs:
-    each rung's ready cost (build + import) and its decode ms per token."""
-    ladder = Ladder(tuple(cfg["ladder"]))
-    prompt, new = int(cfg["prompt_tokens"]), int(cfg["new_tokens"])
-    decode = {
-        b.high_tokens: b.infer_s / b.steps for b in i1.bands if b.steps and b.high_tokens in ladder
-    }
-    compile_s = {
-        int(k.split("@")[1]): v for k, v in i1.ready_cost_s.items() if k.startswith("decode@")
-    }
-    prefill = [v for k, v in i1.ready_cost_s.items() if k.startswith("prefill@")]
-    costs = RungCosts(
-        compile_s=compile_s,
-        decode_s_per_token=decode,
-        prefill_compile_s=prefill[0] if prefill else 0.0,
-        prefill_s=i1.prefill_s,
-    )
-    plan = plan_one_ahead(ladder, prompt, new, costs)
-    del i2
-    return [b.slack_s for b in plan.boundaries]
-
-
-def _slack_table(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]:
-    cfg = document["config"]
-    i1 = {r.repetition: r for r in runs.select(arm, "I1")}
-    rows: dict[str, list[tuple[float, float]]] = {}
-    for r in runs.select(arm, "I2"):
-        control = i1.get(r.repetition)
-        if control is None:
-            continue
-        try:
-            predicted = predicted_slack(control, r, cfg)
-        except Exception as exc:  # a control without a cost the plan needs
-            return [f"(no prediction: {exc})"]
-        for b, p in zip(r.boundaries, predicted, strict=False):
-            rows.setdefault(f"{b.from_capacity_tokens}→{b.to_capacity_tokens}", []).append(
-                (p, b.slack_s)
-            )
-    lines = [
-        "| boundary | predicted slack s | measured slack s | error s (measured − predicted) |",
-        "|---|---|---|---|",
-    ]
-    for label, pairs in rows.items():
-        pred = median([p for p, _ in pairs])
-        meas = median([m for _, m in pairs])
-        err = median([m - p for p, m in pairs])
-        lines.append(f"| {label} | {pred:+.2f} | {meas:+.2f} | {err:+.2f} |")
-    lines += [
-        "",
-        "Predicted: `ovspec plan`'s simulation (`plan_one_ahead`) of I2's run from the I1 "
-        "control of the same repetition: each rung's measured ready cost (build + import, "
-        "taken while nothing decoded) and decode time per token on it. Measured: the boundary "
-        "minus the moment the successor's graph was loaded. Medians over repetitions. A "
-        "negative error means the successor was ready later than predicted: a build "
-        "overlapping the decode runs slower than the same build at start-up.",
-    ]
-    return lines
-
-
-def _sharing(runs: _Runs, cfg: Mapping[str, Any], arms: Sequence[str]) -> list[str]:
-    split, shared = arms[0], arms[1]
-    lines = [
-        f"| protocol | critical s ({split}) | critical s ({shared}) | shared − split, paired "
-        "| decode s (split) | decode s (shared) | shared − split, paired |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for protocol in cfg["protocols"]:
-        cp = runs.pairs(split, protocol, protocol, lambda r: r.critical_path_s, arm_b=shared)
-        de = runs.pairs(split, protocol, protocol, lambda r: r.decode_s, arm_b=shared)
-        if not cp[0]:
-            continue
-        s_cp, s_de = _summary(*cp), _summary(*de)
-        lines.append(
-            f"| {protocol} | {median(cp[0]):.2f} | {median(cp[1]):.2f} | {_effect(s_cp)}, CI "
-            f"{_ci(s_cp)} | {median(de[0]):.2f} | {median(de[1]):.2f} | {_effect(s_de)}, CI "
-            f"{_ci(s_de)} |"
-        )
-    cp_split = _summary(*runs.pairs(split, "I1", "I2", lambda r: r.critical_path_s))
-    cp_shared = _summary(*runs.pairs(shared, "I1", "I2", lambda r: r.critical_path_s))
-    de_shared = _summary(*runs.pairs(shared, "I1", "I2", lambda r: r.decode_s))
-    de_split = _summary(*runs.pairs(split, "I1", "I2", lambda r: r.decode_s))
-    lines += [
-        "",
-        f"I2 − I1 critical path: split {_effect(cp_split)} (CI {_ci(cp_split)}), shared "
-        f"{_effect(cp_shared)} (CI {_ci(cp_shared)}); I2 − I1 decode, shared: "
-        f"{_effect(de_shared)} (CI {_ci(de_shared)}); split: {_effect(de_split)} (CI "
-        f"{_ci(de_split)}). What differs between the arms: shared, the decode runs "
-        "OpenVINO's threads on both cores and a build runs on the loader's thread at a lower "
-        "priority (nice 10) on the same cores, so the decode wins them and the build gets "
-        "what is left (eager protocols also build two graphs at once in their foreground); "
-        "split, the decode has one core and one thread, and a build has a whole core of its "
-        "own but still shares the memory bandwidth and last-level cache with the decode, "
-        "which on these weight-streaming steps is what a step waits for. So the cost of "
-        "sharing is the first column pair (positive: sharing is slower), and the split's "
-        "price is its one decode core.",
-    ]
-    return lines
-
-
-def _bands(document: Mapping[str, Any], runs: _Runs, arm: str) -> list[str]:
-    b0, b1, i1 = runs.select(arm, "B0"), runs.select(arm, "B1"), runs.select(arm, "I1")
-    if not b0 or not b1 or not i1:
-        return ["(B0, B1 and I1 did not all run)"]
-    memcpy = float(document["memcpy_bytes_per_s"])
-    per_token = b1[0].kv_bytes_per_token
-    lines = [
-        "| band | B0 ms/token | B1 ms/token | I1 ms/token | B1 / B0 | B1 − I1 ms | "
-        "copy of the band's max KV at memcpy speed, ms |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for index, band in enumerate(b0[0].bands):
-        x, y, z = (
-            median([r.bands[index].step_ms for r in rs if r.bands[index].steps])
-            for rs in (b0, b1, i1)
-        )
-        copy_ms = 1000 * per_token * band.high_tokens / memcpy if memcpy > 0 else float("nan")
-        lines.append(
-            f"| {band.band} | {x:.2f} | {y:.2f} | {z:.2f} | {y / x:.3f} | {y - z:+.2f} | "
-            f"{copy_ms:.2f} |"
-        )
-    lines += [
-        "",
-        "B1 and I1 run the same graph in each band (the rung's own capacity); only the KV "
-        "binding differs. Before this issue B1 bound strided views into its top-rung buffer "
-        "(each head's rows a top rung apart) and could not warm its graphs up (OpenVINO "
-        "2026.4's CPU plugin corrupts its heap when a compiled model runs dense inputs and "
-        "then strided ones), which made it slower than B0 in the 1K-1.8K bands of the issue-3 "
-        "page. It now binds dense views of the same buffer (rung C's past is the first "
-        "C-rung's worth of it) and re-strides the live KV in place at a boundary, so it warms "
-        "up like the others: B1 − I1 is what is left of the difference (the in-place "
-        "re-stride is in B1's migration column above), and the last column is what one copy "
-        "of the band's largest KV costs at memcpy bandwidth, for scale. B0 runs the top "
-        "rung's graph in every band.",
-    ]
-    return lines
-
-
-def _agreement(document: Mapping[str, Any]) -> list[str]:
-    lines = ["| arm | protocol | top-1 equal | min cosine |", "|---|---|---|---|"]
-    for arm, per in document["agreement"].items():
-        for protocol, a in per.items():
-            lines.append(
-                f"| {arm} | {protocol} | {a['top1_equal']}/{a['compared']} | "
-                f"{a['min_cosine']:.7f} |"
-            )
     return lines

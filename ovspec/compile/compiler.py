@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import openvino as ov
@@ -35,7 +35,6 @@ from ovspec.compile.devices import (
     key_properties,
     resolve_device,
 )
-from ovspec.compile.split import HostBuilder
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
@@ -52,6 +51,9 @@ from ovspec.ir.specialize import (
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
 from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob, Store
+
+if TYPE_CHECKING:
+    from ovspec.compile.split import HostBuilder
 
 log = logging.getLogger(__name__)
 
