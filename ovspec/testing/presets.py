@@ -169,23 +169,6 @@ PRESETS: Mapping[str, ModelSpec] = {
         bos_token_id=151643,
         eos_token_id=151643,
     ),
-    # The write-up's regime on the CPU stand-in's split (issue 11): Qwen2.5-0.5B's widths
-    # on 4 of its 24 layers, with a 32K vocabulary. On one device core and one host core a rung
-    # builds in a few seconds while a window of 128-256 tokens decodes for longer, so
-    # compiles are a third of an eager start and a fifth of the decode, as on the NPU.
-    "qwen2.5-0.5b-4l": ModelSpec(
-        layers=4,
-        hidden_size=896,
-        intermediate_size=4864,
-        attention_heads=14,
-        kv_heads=2,
-        vocab_size=32768,
-        max_position_embeddings=32768,
-        rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
 }
 
 
