@@ -11,12 +11,12 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ovspec.ladder import Ladder
 from ovspec.runtime.decoding import DecodeResult
-from ovspec.runtime.loader import EventKind
+from ovspec.runtime.loader import EventKind, LoaderEvent
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,13 @@ class BoundaryFigures:
     peak_reserved_bytes: int
     moved_bytes: int = 0  # pages remapped (no copy)
     peak_physical_bytes: int | None = None
+    boundary_at_s: float = 0.0  # decode reached the boundary (since the loader opened)
+    ready_at_s: float = 0.0  # the new rung's decode graph was loaded (same clock)
+
+    @property
+    def slack_s(self) -> float:
+        """Measured slack: boundary minus ready (the plan's ``slack_s``, measured)."""
+        return self.boundary_at_s - self.ready_at_s
 
     @property
     def migration_bytes_per_s(self) -> float:
@@ -85,11 +92,23 @@ class RunFigures:
     physical_kv_time_weighted_bytes: float | None = None
     physical_kv_token_weighted_bytes: float | None = None
     peak_physical_kv_bytes: int | None = None  # samples and boundary peaks
+    # The write-up's definition: reserved KV averaged over time from the loader's
+    # opening to the last token, foreground included (nothing is reserved before the
+    # first rung's KV is allocated).
+    reserved_kv_open_to_last_bytes: float = 0.0
+    split: str = ""  # "device cores 0, host cores 1", or "shared" (no split)
+    load_mode: str = ""  # how every graph loaded: import (through the store) or compile
+    # label -> seconds to have that graph ready: the build (the host's whole build under
+    # the split; compile + export otherwise) plus the import and warm-up.
+    ready_cost_s: dict[str, float] = field(default_factory=dict)
+    first_rung_wall_s: float = 0.0  # origin -> every graph of the first rung loaded
+    compile_s_by_graph: dict[str, float] = field(default_factory=dict)  # compile only
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["boundaries"] = [
-            {**asdict(b), "migration_bytes_per_s": b.migration_bytes_per_s} for b in self.boundaries
+            {**asdict(b), "migration_bytes_per_s": b.migration_bytes_per_s, "slack_s": b.slack_s}
+            for b in self.boundaries
         ]
         out["bands"] = [
             {**asdict(b), "tokens_per_s": b.tokens_per_s, "step_ms": b.step_ms} for b in self.bands
@@ -100,7 +119,9 @@ class RunFigures:
     def from_json(cls, data: dict[str, Any]) -> RunFigures:
         fields = dict(data)
         fields["boundaries"] = tuple(
-            BoundaryFigures(**{k: v for k, v in b.items() if k != "migration_bytes_per_s"})
+            BoundaryFigures(
+                **{k: v for k, v in b.items() if k not in ("migration_bytes_per_s", "slack_s")}
+            )
             for b in data["boundaries"]
         )
         fields["bands"] = tuple(
@@ -119,6 +140,19 @@ class RunFigures:
     def boundary_wait_s(self) -> float:
         return sum(b.wait_s for b in self.boundaries)
 
+    @property
+    def migration_total_s(self) -> float:
+        return sum(b.migration_s for b in self.boundaries)
+
+    @property
+    def migration_per_boundary_s(self) -> float:
+        return self.migration_total_s / len(self.boundaries) if self.boundaries else 0.0
+
+    @property
+    def migration_per_token_s(self) -> float:
+        """Migration amortized over the run's decoded tokens."""
+        return self.migration_total_s / self.decode_tokens if self.decode_tokens else 0.0
+
 
 def band_edges(ladder: Ladder) -> list[tuple[int, int]]:
     """Context bands by rung: [0, C0), [C0, C1), ... in KV positions."""
@@ -135,6 +169,8 @@ def compute(
     peak_rss_bytes: int,
     kv_bytes_per_token: int,
     weights_bytes: int,
+    split: str = "",
+    load_mode: str = "",
 ) -> RunFigures:
     decode_steps = [s for s in result.steps if not s.prefill]
     prefill_steps = [s for s in result.steps if s.prefill]
@@ -147,6 +183,7 @@ def compute(
     events = result.events
     waits = {e.spec: e.seconds for e in events if e.kind is EventKind.WAIT}
     background = {e.spec for e in events if e.kind is EventKind.LOAD_START and not e.foreground}
+    loaded_at = {e.spec: e.at_s for e in events if e.kind is EventKind.LOADED}
     boundaries = []
     for b in result.boundaries:
         label = f"decode@{b.migration.to_capacity_tokens}"
@@ -165,6 +202,8 @@ def compute(
                 peak_reserved_bytes=b.migration.peak_reserved_bytes,
                 moved_bytes=b.migration.moved_bytes,
                 peak_physical_bytes=b.migration.peak_physical_bytes,
+                boundary_at_s=b.began_s,
+                ready_at_s=loaded_at.get(label, 0.0),
             )
         )
     loaded = [e for e in events if e.kind in (EventKind.COMPILED, EventKind.STORE_HIT)]
@@ -211,7 +250,51 @@ def compute(
         peak_rss_bytes=peak_rss_bytes,
         kv_bytes_per_token=kv_bytes_per_token,
         weights_bytes=weights_bytes,
+        reserved_kv_open_to_last_bytes=open_to_last_reserved(result),
+        split=split,
+        load_mode=load_mode,
+        ready_cost_s=ready_costs(events),
+        compile_s_by_graph={e.spec: e.seconds for e in events if e.kind is EventKind.COMPILED},
+        first_rung_wall_s=max(
+            (
+                e.at_s
+                for e in events
+                if e.kind is EventKind.LOADED and _capacity(e.spec) == result.rungs[0]
+            ),
+            default=result.ready_s,
+        ),
     )
+
+
+def _capacity(label: str) -> int:
+    """``decode@512`` or ``prefill@512x128`` -> 512."""
+    return int(label.split("@")[1].split("x")[0])
+
+
+def ready_costs(events: Sequence[LoaderEvent]) -> dict[str, float]:
+    """Per graph: its build (the host's whole build under the split, else compile +
+    export as recorded) plus its import and warm-up: what a boundary waits for."""
+    out: dict[str, float] = {}
+    for e in events:
+        if e.kind is EventKind.COMPILED:
+            out[e.spec] = e.build_s or e.seconds
+    for e in events:
+        if e.kind is EventKind.LOADED and e.spec in out:
+            out[e.spec] += e.seconds
+    return out
+
+
+def open_to_last_reserved(result: DecodeResult) -> float:
+    """Reserved KV bytes averaged over [open, last token], the foreground included
+    (0 until the first rung's KV exists, right after the foreground)."""
+    if result.finished_s <= 0 or not result.reserved_kv:
+        return 0.0
+    steps = [s for s in result.steps if not s.prefill]
+    first_decode_s = steps[0].began_s if steps else result.finished_s
+    area = result.reserved_kv[0][1] * max(0.0, first_decode_s - result.ready_s)
+    if steps:
+        area += time_weighted_reserved(result) * (result.finished_s - first_decode_s)
+    return area / result.finished_s
 
 
 def time_weighted_reserved(result: DecodeResult) -> float:

@@ -22,9 +22,11 @@ from ovspec.errors import BadRequestError
 # benchmark page adds its line. Imported lazily: a renderer may pull in heavy modules
 # the others do not need.
 RENDERERS: dict[str, str] = {
+    "bench": "ovspec.bench.bench_page:render",
     "kv": "ovspec.bench.kvbench_report:render",
     "remote": "ovspec.bench.remote_bench:render",
     "speed": "ovspec.bench.speed:render",
+    "sweep": "ovspec.bench.sweep:render",
 }
 
 RESULTS_FOLDER = "results"

@@ -79,8 +79,9 @@ def render_text(result: BenchResult, env: dict[str, str]) -> list[str]:
         )
     for protocol in cfg.protocols:
         lines.append(f"  {protocol.value}: {SETUPS[protocol].description}")
-    for variant in cfg.variants:
-        lines += ["", f"== {variant} store ==", *_variant_text(result, variant)]
+    for variant, split in ((label, split) for label, _, split in cfg.arms):
+        cores = split.describe() if split is not None else "shared cores (no split)"
+        lines += ["", f"== {variant} store, {cores} ==", *_variant_text(result, variant)]
     return lines
 
 
@@ -275,6 +276,11 @@ def to_json(result: BenchResult, env: dict[str, str]) -> dict[str, Any]:
             "prefill_chunk_tokens": cfg.prefill_chunk_tokens,
             "seed": cfg.seed,
             "protocols": [p.value for p in cfg.protocols],
+            "split": cfg.split.to_json() if cfg.split is not None else None,
+            "shared_too": cfg.shared_too,
+            "load_mode": cfg.load_mode,
+            "compression": cfg.compression,
+            "arms": cfg.labels,
         },
         "memcpy_bytes_per_s": result.memcpy_bytes_per_s,
         "floor_step_ms": {str(n): ms for n, ms in sorted(result.floor_step_ms.items())},
@@ -283,7 +289,7 @@ def to_json(result: BenchResult, env: dict[str, str]) -> dict[str, Any]:
         "runs": [r.figures.to_json() for r in result.runs],
         "variants": {},
     }
-    for variant in cfg.variants:
+    for variant in cfg.labels:
         per_protocol = {}
         for protocol in cfg.protocols:
             runs = result.select(variant, protocol)
@@ -345,7 +351,7 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     from ovspec.bench import plots
 
     written = []
-    for variant in result.config.variants:
+    for variant in result.config.labels:
         chosen = {}
         for protocol in result.config.protocols:
             runs = result.select(variant, protocol)

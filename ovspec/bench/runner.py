@@ -10,6 +10,7 @@ aggregates; ``figures`` computes per-run numbers and ``plots`` draws them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import numpy as np
 from ovspec.bench.metrics import RunFigures, band_edges, median
 from ovspec.bench.protocols import CONTROL, SETUPS, Protocol
 from ovspec.bench.worker import RunRequest
+from ovspec.compile.split import CoreSplit
 from ovspec.errors import BadRequestError, OvspecError, TrialError
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ladder import Ladder
@@ -47,6 +49,12 @@ class BenchConfig:
     seed: int
     work_dir: Path
     protocols: tuple[Protocol, ...] = tuple(Protocol)
+    # The device/host split (decode and compile on disjoint cores); None: shared cores.
+    split: CoreSplit | None = None
+    shared_too: bool = False  # with a split, also run every protocol on shared cores
+    load_mode: str = "import"  # every protocol loads the same way (the split needs import)
+    compression: str = "none"
+    measure_floor: bool = True  # the stateful model's step per band (the sweep skips it)
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -66,6 +74,21 @@ class BenchConfig:
         if CONTROL not in self.protocols:
             raise BadRequestError(f"the protocols must include the control {CONTROL.value}")
         self.ladder.check_fits(self.model.max_position_embeddings)
+
+    @property
+    def arms(self) -> list[tuple[str, str, CoreSplit | None]]:
+        """(label, store variant, split) per arm: the label names the runs of one arm
+        (``cold-split`` and ``cold-shared`` beside it; ``cold`` with no split)."""
+        out: list[tuple[str, str, CoreSplit | None]] = []
+        for variant in self.variants:
+            out.append((f"{variant}-split" if self.split else variant, variant, self.split))
+            if self.split is not None and self.shared_too:
+                out.append((f"{variant}-shared", variant, None))
+        return out
+
+    @property
+    def labels(self) -> list[str]:
+        return [label for label, _, _ in self.arms]
 
     @property
     def logit_positions(self) -> tuple[int, ...]:
@@ -96,6 +119,9 @@ class BenchResult:
     # last live length, and every thread reading the weights once (issue 9).
     floor_step_ms: dict[int, float] = field(default_factory=dict)
     weights_read_ms: float = 0.0
+    # os.getloadavg() when the runs began and when they ended: the machine's other load.
+    load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def select(self, variant: str, protocol: Protocol) -> list[RunOutcome]:
         return sorted(
@@ -165,29 +191,36 @@ def run_bench(
     worker = run_worker or _run_worker_process
     prompt, forced = make_tokens(config)
     result = BenchResult(config, memcpy_bytes_per_s=measure_memcpy_bytes_per_s())
-    result.floor_step_ms, result.weights_read_ms = measure_floor(config)
+    if config.measure_floor:
+        result.floor_step_ms, result.weights_read_ms = measure_floor(config)
+    result.load_before = os.getloadavg()
+    orders = williams_orders(list(config.protocols), config.repetitions, config.seed)
     for variant in config.variants:
+        arms = [(label, split) for label, v, split in config.arms if v == variant]
         warm_store = config.work_dir / "warm-store"
         if variant == "warm":
-            # Prime: one untimed run per protocol fills the store with every graph.
-            for protocol in config.protocols:
-                _run_one(config, worker, variant, -1, protocol, warm_store, prompt, forced)
-        orders = williams_orders(list(config.protocols), config.repetitions, config.seed)
+            # Prime: one untimed run per protocol and arm fills the store with every graph.
+            for label, split in arms:
+                for protocol in config.protocols:
+                    _run_one(config, worker, label, -1, protocol, warm_store, prompt, forced, split)
         for repetition, order in enumerate(orders):
-            for protocol in order:
-                store = warm_store
-                if variant == "cold":
-                    store = config.work_dir / f"cold-{repetition}-{protocol.value}"
-                outcome = _run_one(
-                    config, worker, variant, repetition, protocol, store, prompt, forced
-                )
-                if variant == "cold":
-                    shutil.rmtree(store, ignore_errors=True)
-                result.runs.append(outcome)
-                if on_run is not None:
-                    on_run(outcome.figures)
+            # Split and shared arms alternate which goes first, repetition by repetition.
+            for label, split in arms[:: 1 if repetition % 2 == 0 else -1]:
+                for protocol in order:
+                    store = warm_store
+                    if variant == "cold":
+                        store = config.work_dir / f"cold-{repetition}-{label}-{protocol.value}"
+                    outcome = _run_one(
+                        config, worker, label, repetition, protocol, store, prompt, forced, split
+                    )
+                    if variant == "cold":
+                        shutil.rmtree(store, ignore_errors=True)
+                    result.runs.append(outcome)
+                    if on_run is not None:
+                        on_run(outcome.figures)
         shutil.rmtree(warm_store, ignore_errors=True)
     result.wall_s = time.perf_counter() - began
+    result.load_after = os.getloadavg()
     return result
 
 
@@ -200,6 +233,7 @@ def _run_one(
     store: Path,
     prompt: list[int],
     forced: list[int],
+    split: CoreSplit | None = None,
 ) -> RunOutcome:
     stem = config.work_dir / f"{variant}-r{repetition}-{protocol.value}"
     request = RunRequest(
@@ -217,6 +251,9 @@ def _run_one(
         prefill_chunk_tokens=config.prefill_chunk_tokens,
         out_json=str(stem.with_suffix(".json")),
         out_logits=str(stem.with_suffix(".npz")),
+        split=split.to_json() if split is not None else None,
+        load_mode=config.load_mode,
+        compression=config.compression,
     )
     request_path = stem.with_suffix(".request.json")
     request_path.write_text(json.dumps(request.to_json()))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import resource
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,10 @@ class RunRequest:
     prefill_chunk_tokens: int
     out_json: str
     out_logits: str
+    # The device/host split as {"device": [...], "host": [...]}; None: shared cores.
+    split: dict[str, list[int]] | None = None
+    load_mode: str = "import"
+    compression: str = "none"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,15 +53,21 @@ class RunRequest:
 
 
 def run(request: RunRequest) -> dict[str, Any]:
-    # Imports first (interpreter start-up is not compile time), then the clock: the
-    # foreground includes reading and preparing the model, which every protocol pays.
+    # Pinned first, before OpenVINO exists in this process (its threads inherit it).
+    from ovspec.compile.split import CoreSplit, pin_process
+
+    split = CoreSplit.from_json(request.split) if request.split is not None else None
+    if split is not None:
+        pin_process(split.device)
+    # Imports next (interpreter start-up is not compile time). The clock starts when the
+    # loader is open (OpenVINO up, the host process started: the host exists before the
+    # request, as on an NPU machine), so the foreground includes reading and preparing
+    # the model, which every protocol pays.
     import ovspec.runtime.decoding as runtime
     from ovspec.bench.metrics import compute
     from ovspec.bench.protocols import SETUPS, Protocol
     from ovspec.ladder import Ladder
     from ovspec.store.local import Store
-
-    origin = time.perf_counter()
 
     setup = SETUPS[Protocol(request.protocol)]
     full_ladder = Ladder.parse(request.ladder)
@@ -73,7 +82,9 @@ def run(request: RunRequest) -> dict[str, Any]:
             store=store,
             policy=setup.policy,
             prefill_chunk_tokens=request.prefill_chunk_tokens,
-            origin_s=origin,
+            load_mode=request.load_mode,
+            compression=request.compression,
+            split=split,
         ) as loader,
     ):
         result = runtime.decode(
@@ -86,7 +97,7 @@ def run(request: RunRequest) -> dict[str, Any]:
         )
         roles = loader.compiler.roles()
         weights_bytes = loader.compiler.model_dir.bin_path.stat().st_size
-    peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak_rss_bytes = peak_rss()
     figures = compute(
         result,
         protocol=request.protocol,
@@ -96,6 +107,8 @@ def run(request: RunRequest) -> dict[str, Any]:
         peak_rss_bytes=peak_rss_bytes,
         kv_bytes_per_token=roles.kv_bytes_per_token,
         weights_bytes=weights_bytes,
+        split=split.describe() if split is not None else "shared",
+        load_mode=request.load_mode,
     )
     # decode() keys logits by step; step i ran with prompt + i live positions after it.
     kept = {len(request.prompt_ids) + step: logits for step, logits in result.logits.items()}
@@ -126,6 +139,7 @@ def run(request: RunRequest) -> dict[str, Any]:
                     "foreground": e.foreground,
                     "seconds": e.seconds,
                     "note": e.note,
+                    "build_s": e.build_s,
                 }
                 for e in result.events
             ],
@@ -135,6 +149,19 @@ def run(request: RunRequest) -> dict[str, Any]:
             ],
         },
     }
+
+
+def peak_rss() -> int:
+    """This process's peak resident set (VmHWM). Not ``ru_maxrss``: Linux keeps the
+    pre-exec image's high-water mark in it, so a worker spawned by a bench that had
+    touched 600 MiB reported 600 MiB whatever it did itself."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main(argv: list[str]) -> int:

@@ -13,10 +13,12 @@ from ovspec.cli import cli
 from ovspec.cli.options import (
     cache_dir_option,
     chunk_option,
+    compress_option,
     device_options,
     emit_json,
     json_option,
     ladder_option,
+    split_option,
 )
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
@@ -24,6 +26,7 @@ from ovspec.ladder import Ladder
 if TYPE_CHECKING:
     from ovspec.bench.metrics import RunFigures
     from ovspec.bench.protocols import Protocol
+    from ovspec.ir.compression import Compression
 
 
 @cli.command()
@@ -58,6 +61,30 @@ if TYPE_CHECKING:
 )
 @device_options
 @chunk_option
+@split_option(None)
+@click.option(
+    "--shared-too/--no-shared-too",
+    default=False,
+    show_default=True,
+    help="With --split, also run every protocol on shared cores (the cost of sharing).",
+)
+@click.option(
+    "--load-mode",
+    type=click.Choice(("import", "compile")),
+    default="import",
+    show_default=True,
+    help="How every protocol loads its graphs (the split needs import: the host builds "
+    "into the store and the decode imports).",
+)
+@compress_option
+@click.option(
+    "--page",
+    "page_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also write the generated page: DIR/results/bench.json and DIR/bench.md "
+    "(e.g. docs/benchmarks).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds tokens and order.")
 @click.option(
     "--out-dir",
@@ -79,6 +106,11 @@ def bench(
     device: str,
     config: tuple[tuple[str, str], ...],
     chunk_tokens: int,
+    split: bool | None,
+    shared_too: bool,
+    load_mode: str,
+    compression: Compression,
+    page_dir: Path | None,
     seed: int,
     out_dir: Path | None,
     plots: bool,
@@ -93,6 +125,7 @@ def bench(
     """
     from ovspec.bench.report import environment, render_text, to_json, write_plots
     from ovspec.bench.runner import BenchConfig, run_bench
+    from ovspec.compile.split import CoreSplit
     from ovspec.ir.model_dir import resolve_model
     from ovspec.ir.reference import EXACT_CPU_PROPERTIES
     from ovspec.store.local import Store
@@ -103,6 +136,11 @@ def bench(
         dict(config) if config else (dict(EXACT_CPU_PROPERTIES) if device.upper() == "CPU" else {})
     )
     work = out_dir or Path("ovspec-bench")
+    cores = CoreSplit.default() if split is not False else None
+    if split and cores is None:
+        raise BadRequestError("--split needs at least 2 usable cores; this process has 1")
+    if cores is not None and load_mode != "import":
+        raise BadRequestError("--split builds on the host and imports: use --load-mode import")
     bench_config = BenchConfig(
         model=model_dir,
         ladder=ladder,
@@ -116,8 +154,12 @@ def bench(
         seed=seed,
         work_dir=work / "runs",
         protocols=_protocols(protocols),
+        split=cores,
+        shared_too=shared_too,
+        load_mode=load_mode,
+        compression=str(compression),
     )
-    total = len(bench_config.variants) * repetitions * len(bench_config.protocols)
+    total = len(bench_config.arms) * repetitions * len(bench_config.protocols)
 
     done = 0
 
@@ -138,6 +180,12 @@ def bench(
     text = render_text(result, env)
     (work / "report.txt").write_text("\n".join(text) + "\n")
     written = write_plots(result, work) if plots else []
+    if page_dir is not None:
+        from ovspec.bench.bench_page import page_document
+        from ovspec.bench.pages import write_page
+
+        command = "ovspec bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "ovspec bench"
+        written.append(write_page(page_dir, "bench", page_document(result, env, command)))
     if as_json:
         emit_json(document)
         return

@@ -26,6 +26,7 @@ from ovspec.cli.options import (
     load_mode_option,
     open_store,
     remote_options,
+    split_option,
 )
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
@@ -146,6 +147,7 @@ def sampling_options(func: F) -> F:
     "works, else copy-and-grow.",
 )
 @load_mode_option
+@split_option(False)
 @device_options
 @cache_dir_option
 @remote_options
@@ -163,6 +165,7 @@ def generate(
     policy: str,
     kv_layout: str,
     load_mode: str | None,
+    split: bool,
     device: str,
     config: tuple[tuple[str, str], ...],
     cache_dir: Path | None,
@@ -240,6 +243,7 @@ def generate(
             prefill_chunk_tokens=chunk_tokens,
             kv_layout=None if kv_layout == "auto" else kv_layout,  # remap: ladder checked here
             load_mode=load_mode,
+            split=split or None,
         ) as loader:
             generation = run_generation(
                 loader,

@@ -135,6 +135,27 @@ def load_mode_option(func: F) -> F:
     )(func)
 
 
+def split_option(default: bool | None) -> Callable[[F], F]:
+    """``--split/--no-split``: decode on the device cores, compile in a process on the
+    host cores (the CPU stand-in's NPU/host split). ``None``: on where >= 2 cores."""
+
+    def decorate(func: F) -> F:
+        return click.option(
+            "--split/--no-split",
+            "split",
+            default=default,
+            help="Device/host split: pin decoding to half the usable cores and build every "
+            "graph in a process pinned to the others, through the store (load mode import). "
+            + (
+                "[default: on with >= 2 usable cores]"
+                if default is None
+                else f"[default: {'on' if default else 'off'}]"
+            ),
+        )(func)
+
+    return decorate
+
+
 def compress_option(func: F) -> F:
     return click.option(
         "--compress",

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import openvino as ov
@@ -51,6 +51,9 @@ from ovspec.ir.specialize import (
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
 from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob, Store
+
+if TYPE_CHECKING:
+    from ovspec.compile.split import HostBuilder
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,7 @@ class BuildOutcome:
     # is the compile the fetch saved; ``fetch_s`` is what fetching took.
     fetched: bool = False
     fetch_s: float = 0.0
+    host_s: float = 0.0  # split: the host process's whole build (0: built here)
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,9 @@ class Compiler:
         )
         self._gates: dict[Specialization, threading.Lock] = {}
         self._graphs_lock = threading.Lock()
+        # The device/host split (compile/split.py): a process on the host cores builds
+        # each blob into the store; this compiler imports what it published.
+        self.host_builder: HostBuilder | None = None
 
     # -- the dynamic graph, prepared once -----------------------------------------
 
@@ -236,6 +243,11 @@ class Compiler:
                 self._remember_roles(manifest.metadata if manifest is not None else {})
             if self._roles is not None:
                 return self._roles
+        if self.host_builder is not None:  # prepared on the host, not on the device cores
+            roles = ModelRoles.from_json(self.host_builder.roles_json())
+            with self._llm_lock:
+                self._roles = roles
+            return roles
         return self.llm().roles
 
     def _remember_roles(self, metadata: Mapping[str, str]) -> None:
@@ -363,8 +375,23 @@ class Compiler:
         COMPILE: compile the specialization (or reuse its rung's graph) from the IR."""
         if self.load_mode is LoadMode.COMPILE:
             return self._compile_program(spec)
+        host = None
+        if self.host_builder is not None:  # the host publishes; the import below hits
+            host = self.host_builder.build(
+                spec.phase.value, spec.capacity_tokens, spec.chunk_tokens
+            )
         _, program = self._build(spec, keep_import=True)
         assert program is not None  # keep_import=True always imports
+        if host is not None:
+            build = dataclasses.replace(
+                program.build,
+                hit=host.hit,
+                compile_s=host.compile_s,
+                export_s=host.export_s,
+                wait_s=host.wait_s,
+                host_s=host.host_s,
+            )
+            program = dataclasses.replace(program, build=build)
         return program
 
     def import_properties(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from ovspec.compile.compiler import BlobMode, Compiler, LoadMode, default_load_mode
 from ovspec.compile.devices import device_family
+from ovspec.compile.split import THREADS_PROPERTY, CoreSplit, HostBuilder, pin_process
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import resolve_model
@@ -58,6 +59,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     remote: Remote | RemoteConfig | str | None = None,
     load_mode: LoadMode | str | None = None,
     rewrites: RewriteSet | str | None = None,
+    split: CoreSplit | bool | None = None,
 ) -> Loader:
     """A lazy loader for ``model`` (a folder, or ``builtin:PRESET``) over ``ladder``.
 
@@ -70,12 +72,28 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     ``remote``: a shared tier behind the store it opens
     (``s3://BUCKET/PREFIX``; default ``$OVSPEC_REMOTE``); a ``Store`` given as ``store``
     brings its own.
+    ``split`` (a ``CoreSplit``, or True for ``CoreSplit.default()``): the device/host
+    split of a CPU stand-in. This process (every thread) is pinned to the device cores
+    until the loader closes, OpenVINO's inference threads are bounded to their count,
+    and every blob is built by a process on the host cores into the store and imported
+    here (so the load mode is ``import``).
     """
     ladder = Ladder.parse(ladder) if isinstance(ladder, str) else ladder
     policy = Policy(policy) if isinstance(policy, str) else policy
     properties = loader_properties(device, properties or {})
     compression = Compression.parse(compression) if isinstance(compression, str) else compression
     mode = LoadMode(load_mode) if isinstance(load_mode, str) else load_mode
+    cores = CoreSplit.default() if split is True else (split or None)
+    if split is True and cores is None:
+        raise BadRequestError(f"{arg('split')} needs at least 2 usable cores; this process has 1")
+    if cores is not None:
+        if mode is LoadMode.COMPILE:
+            raise BadRequestError(
+                f"{arg('split')} builds on the host and imports here: it needs "
+                f"{arg('load_mode', 'import')}, not compile"
+            )
+        mode = LoadMode.IMPORT
+        properties = {THREADS_PROPERTY: str(len(cores.device)), **properties}
     mode = mode or default_load_mode(device)
     rewrite_set = RewriteSet.parse(rewrites) if isinstance(rewrites, str) else rewrites
     owns_store = not isinstance(store, Store)
@@ -113,6 +131,13 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     on_close: list[Callable[[], None]] = [compiler.close]
     if owns_store:
         on_close.append(opened.close)
+    if cores is not None:
+        try:
+            _start_split(compiler, cores, opened, on_close)
+        except BaseException:
+            for callback in on_close:
+                callback()
+            raise
     return Loader(
         compiler,
         ladder,
@@ -122,7 +147,33 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         on_close=on_close,
         origin_s=origin_s,
         kv_layout=kv_layout,
+        worker_cores=cores.host if cores is not None else None,
     )
+
+
+def _start_split(
+    compiler: Compiler, cores: CoreSplit, store: Store, on_close: list[Callable[[], None]]
+) -> None:
+    """Pin this process to the device cores and start the host build process."""
+    before = pin_process(cores.device)
+    on_close.append(lambda: _restore_affinity(before))
+    builder = HostBuilder.start(
+        model_root=compiler.model_dir.root,
+        models_folder=store.models_folder,
+        device=compiler.device,
+        properties=compiler.properties,
+        store_root=store.root,
+        compression=str(compiler.compression),
+        blob_mode=compiler.blob_mode.value,
+        rewrites=compiler.rewrites.canonical,
+        host_cores=cores.host,
+    )
+    compiler.host_builder = builder
+    on_close.insert(0, builder.close)
+
+
+def _restore_affinity(cores: tuple[int, ...]) -> None:
+    pin_process(cores)
 
 
 def _remote(remote: Remote | RemoteConfig | str | None) -> Remote | None:
@@ -251,8 +302,6 @@ def decode(
     choice = choose_layout(kv_layout or loader.kv_layout, roles, ladder)
     if choice.failover:
         warnings.warn(choice.note, KVLayoutWarning, stacklevel=2)
-    if choice.layout is KVLayout.SHARED_MAX:
-        loader.disable_warm_up()
     first = ladder.rung_for(len(prompt_ids))
     loader.start(first)
     prompt_ready_s = time.perf_counter() - origin

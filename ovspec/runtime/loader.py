@@ -60,6 +60,9 @@ class LoaderEvent:
     foreground: bool
     seconds: float = 0.0  # the duration this event closes (compile, import, wait)
     note: str = ""
+    # COMPILED under the device/host split: the host's whole build (compile, export,
+    # the validating import, publish), which is what the next rung waits for.
+    build_s: float = 0.0
 
 
 class Loader:
@@ -77,6 +80,7 @@ class Loader:
         origin_s: float | None = None,
         warm_up: bool = True,
         kv_layout: KVLayout | None = None,
+        worker_cores: tuple[int, ...] | None = None,
     ) -> None:
         self.compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
@@ -92,8 +96,15 @@ class Loader:
         self._programs: dict[Specialization, Program] = {}
         self._pending: dict[Specialization, Future[Program]] = {}
         self._events: list[LoaderEvent] = []
+        # Under the device/host split the worker thread (waiting for the host's builds,
+        # importing and warming what it published) runs on the host cores, so only the
+        # decode thread and OpenVINO's inference threads use the device cores.
+        self.worker_cores = worker_cores
         self._worker = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="ovspec-loader", initializer=_lower_priority
+            max_workers=1,
+            thread_name_prefix="ovspec-loader",
+            initializer=_prepare_worker,
+            initargs=(worker_cores,),
         )
         self._closed = False
         self._on_close = list(on_close)
@@ -282,7 +293,14 @@ class Loader:
             note = (
                 "the graph another specialization compiled (no compile)" if program.reused else ""
             )
-            self._record(EventKind.COMPILED, spec, foreground, seconds=build.compile_s, note=note)
+            self._record(
+                EventKind.COMPILED,
+                spec,
+                foreground,
+                seconds=build.compile_s,
+                note=note,
+                build_s=build.host_s,
+            )
         warm_s = 0.0
         # A prefill graph is not warmed: its warm-up is a whole prompt chunk of zeros
         # (seconds on a large model), paid once by the real prompt anyway. Nor is a graph
@@ -333,9 +351,10 @@ class Loader:
         foreground: bool,
         seconds: float = 0.0,
         note: str = "",
+        build_s: float = 0.0,
     ) -> None:
         event = LoaderEvent(
-            kind, spec.label, self._clock() - self._opened_s, foreground, seconds, note
+            kind, spec.label, self._clock() - self._opened_s, foreground, seconds, note, build_s
         )
         with self._lock:
             self._events.append(event)
@@ -364,6 +383,12 @@ def warm_up(compiled: ov.CompiledModel) -> float:
         request.set_tensor(port, ov.Tensor(np.zeros(dims, dtype=port.element_type.to_dtype())))
     request.infer()
     return time.perf_counter() - began
+
+
+def _prepare_worker(cores: tuple[int, ...] | None) -> None:
+    if cores is not None:
+        os.sched_setaffinity(0, cores)  # Linux: this thread only
+    _lower_priority()
 
 
 def _lower_priority() -> None:

@@ -236,7 +236,8 @@ def test_ids_stream_to_stdout_and_layouts_agree(tiny_cache: Path) -> None:
     assert ints(shared["token_ids"]) == tokens
     boundaries = shared["boundaries"]
     assert isinstance(boundaries, list)
-    assert [b["copied_bytes"] for b in boundaries] == [0]
+    # Shared-max re-strides the 32 live tokens inside its one buffer (no allocation).
+    assert [b["copied_bytes"] for b in boundaries] == [32 * 512]
 
 
 def test_the_remap_layout_from_the_command_line(tiny_cache: Path) -> None:

@@ -122,10 +122,17 @@ def test_a_prefault_lead_must_be_positive() -> None:
         Prefault(Ladder((256,)), lead_tokens=0)
 
 
-def test_shared_max_reports_its_buffers(roles: ModelRoles) -> None:
-    cache = SharedMaxKV(roles, 256, 1024)
+@pytest.mark.parametrize("dense", [True, False])
+def test_shared_max_reports_its_buffers(roles: ModelRoles, dense: bool) -> None:
+    cache = SharedMaxKV(roles, 256, 1024, dense_views=dense)
     writer = Writer(roles, 1024)
     writer.fill_to_capacity(cache)
     assert sum(size for _, size in cache.spans()) == cache.reserved_bytes
     migration = cache.grow(512)
-    assert migration.copied_bytes == 0 and writer.matches(cache)
+    assert migration.allocated_bytes == 0 and writer.matches(cache)
+    # Dense views re-stride the live KV in place; strided views move nothing.
+    assert migration.copied_bytes == (roles.kv_bytes_per_token * 256 if dense else 0)
+    assert all(a.flags.c_contiguous for a in cache.arrays().values()) == dense
+    writer.fill_to_capacity(cache)  # the new rung's slots after the live ones
+    cache.grow(1024)
+    assert writer.matches(cache)

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Generality sweep: I1 against I2 across model sizes, ladders and precisions (issue 11).
+
+Runs every cell (preset x ladder x compression) as an I1/I2 bench under the
+device/host split, N pairs each, and regenerates docs/benchmarks/sweep.md and
+docs/benchmarks/results/sweep.json:
+
+    python tools/sweep.py                                   # the page's full run
+    python tools/sweep.py --presets tiny --compress none --repetitions 2 --out /tmp/sweep
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from ovspec.bench.pages import write_page
+from ovspec.bench.sweep import SweepGrid, parse_ladders, run_sweep
+from ovspec.cli import error_text
+from ovspec.compile.split import CoreSplit
+from ovspec.errors import OvspecError
+from ovspec.ir.model_dir import ModelDir, resolve_model
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+
+PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+DEFAULT_LADDERS = (
+    "doubling=128,256,512,1024",
+    "fine=128,256,384,512,640,768,896,1024",
+)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--presets", default="tiny,small,kv-heavy", show_default=True)
+@click.option("--ladder", "ladders", multiple=True, default=DEFAULT_LADDERS, show_default=True)
+@click.option("--compress", "compressions", default="none,int8,int4", show_default=True)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--repetitions", type=click.IntRange(min=2), default=3, show_default=True)
+@click.option("--split/--no-split", default=True, show_default=True)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(tempfile.gettempdir()) / "ovspec-sweep",
+    show_default=True,
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=PAGES,
+    show_default=True,
+    help="Where sweep.md and results/sweep.json go.",
+)
+def main(
+    presets: str,
+    ladders: tuple[str, ...],
+    compressions: str,
+    prompt_tokens: int,
+    repetitions: int,
+    split: bool,
+    work_dir: Path,
+    out: Path,
+) -> None:
+    try:
+        grid = SweepGrid(
+            presets=tuple(p.strip() for p in presets.split(",") if p.strip()),
+            ladders=parse_ladders(ladders),
+            compressions=tuple(c.strip() for c in compressions.split(",") if c.strip()),
+            prompt_tokens=prompt_tokens,
+            repetitions=repetitions,
+        )
+        cores = CoreSplit.default() if split else None
+
+        def resolve(preset: str) -> ModelDir:
+            return resolve_model(f"builtin:{preset}", work_dir / "models")
+
+        document = run_sweep(
+            grid,
+            resolve,
+            work_dir / "runs",
+            cores,
+            EXACT_CPU_PROPERTIES,
+            on_cell=lambda i, n, label: click.echo(f"sweep: cell {i + 1}/{n}: {label}", err=True),
+        )
+    except OvspecError as exc:
+        click.echo(f"sweep: {error_text(exc)}", err=True)
+        sys.exit(exc.exit_code)
+    document["command"] = shlex.join(["python", "tools/sweep.py", *sys.argv[1:]])
+    page = write_page(out, "sweep", document)
+    click.echo(page.read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    main()
