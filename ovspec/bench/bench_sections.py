@@ -209,8 +209,10 @@ def bands(document: Mapping[str, Any], runs: Runs, arm: str) -> list[str]:
 
 def agreement(document: Mapping[str, Any]) -> list[str]:
     lines = ["| arm | protocol | top-1 equal | min cosine |", "|---|---|---|---|"]
-    for arm, per in document["agreement"].items():
-        for protocol, a in per.items():
+    # Sorted: the results file is saved with sorted keys, so the page must not depend on
+    # the order the run filled them in.
+    for arm, per in sorted(document["agreement"].items()):
+        for protocol, a in sorted(per.items()):
             lines.append(
                 f"| {arm} | {protocol} | {a['top1_equal']}/{a['compared']} | "
                 f"{a['min_cosine']:.7f} |"
