@@ -5,6 +5,7 @@ that was what the store promises (cache/README.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -35,6 +36,7 @@ from ovspec.bench.faults import (
     summarize,
     tokens_of,
 )
+from ovspec.store.digests import digest_file
 from ovspec.store.local import Store
 
 # -- payload damage (the earlier campaign's classes) ----------------------------------
@@ -65,9 +67,7 @@ def _damage(h: Harness, name: str, damage: str) -> Outcome:
         db.execute("DELETE FROM entries")
         db.close()
     outcome = Outcome()
-    first = len(h.runs)
-    h.settle(root, outcome)
-    outcome.observed.append(summarize(h.runs[first : first + 1]))
+    outcome.observed.append(summarize([h.settle(root, outcome)]))
     return outcome
 
 
@@ -102,9 +102,7 @@ def corrupt_index(h: Harness, how: str) -> Outcome:
         db.unlink()
         db.mkdir()
     outcome = Outcome()
-    first = len(h.runs)
-    h.settle(root, outcome)
-    run = h.runs[first]
+    run = h.settle(root, outcome)
     outcome.expect(any("rebuilt it from 4 sidecars" in w for w in run.warnings), "no rebuild")
     outcome.observed.append(summarize([run]))
     return outcome
@@ -116,9 +114,7 @@ def corrupt_memo(h: Harness) -> Outcome:
         path.write_bytes(os.urandom(64))
     (root / "digests" / "0123456789abcdef.json").mkdir()
     outcome = Outcome()
-    first = len(h.runs)
-    h.settle(root, outcome)
-    outcome.observed.append(summarize(h.runs[first : first + 1]) + " (hashed again)")
+    outcome.observed.append(summarize([h.settle(root, outcome)]) + " (hashed again)")
     return outcome
 
 
@@ -128,25 +124,18 @@ def corrupt_memo(h: Harness) -> Outcome:
 def poisoned_blob(h: Harness) -> Outcome:
     """What ovspec before issue 10 stored after a short export: a truncated payload whose
     sidecar and row name its truncated size and checksum, so it verifies."""
-    from ovspec.store.digests import digest_file
-    from ovspec.store.local import Store
-
     root = h.warm_copy("poisoned")
     with Store(root, strict=True) as store:
         for entry in store.entries():
             entry.path.write_bytes(entry.path.read_bytes()[: entry.size_bytes // 2])
             size, checksum = entry.path.stat().st_size, digest_file(entry.path)
-            import dataclasses
-
             short = dataclasses.replace(entry, size_bytes=size, checksum=checksum)
             store.files.write_sidecar(short)
             store.set_row(short)
     outcome = Outcome()
     before = h.check(root)
     outcome.expect(before.code == 0, "the poison was supposed to verify")
-    first = len(h.runs)
-    h.settle(root, outcome)
-    run = h.runs[first]
+    run = h.settle(root, outcome)
     outcome.expect(any("cannot import" in w for w in run.warnings), "not quarantined")
     outcome.observed.append(summarize([run]))
     return outcome

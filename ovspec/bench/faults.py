@@ -213,16 +213,19 @@ class Harness:
         shutil.copytree(self.warm, root, symlinks=True)
         return root
 
-    def settle(self, root: Path, outcome: Outcome) -> None:
+    def settle(self, root: Path, outcome: Outcome) -> Run:
         """After a fault: a plain run must serve clean tokens (no manual repair), and the
-        store must check clean (after at most one ``check --fix``)."""
+        store must check clean (after at most one ``check --fix``). Returns that run."""
+        first = len(self.runs)
         tokens = self.generate(root)
+        run = self.runs[first]
         if tokens != self.clean_tokens:
             outcome.poisoned += 1
         outcome.tokens(tokens == self.clean_tokens)
         if self.check(root).code != 0:
             self.check(root, fix=True)
             outcome.expect(self.check(root).code == 0, "cache check still fails after --fix")
+        return run
 
 
 def tokens_of(done: Run) -> list[int] | None:

@@ -438,6 +438,7 @@ class Compiler:
             gate = self._gates.setdefault(target, threading.Lock())
         with gate:
             compiled = self._graphs.get(target)
+            reused = compiled is not None
             compile_s = 0.0
             if compiled is None:
                 compiled, compile_s = self._compile(target, self.properties)
@@ -454,7 +455,6 @@ class Compiler:
             path=Path(),
             stored=False,
         )
-        reused = compile_s == 0.0
         return Program(spec, compiled, outcome, 0.0, np.empty(0, dtype=np.uint8), reused)
 
     def _compile(
