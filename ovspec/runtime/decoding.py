@@ -306,7 +306,7 @@ def decode(
     loader.start(first)
     prompt_ready_s = time.perf_counter() - origin
     prefault = Prefault(ladder, prefault_lead_tokens) if prefault_lead_tokens else None
-    kv = make_kv(choice.layout, roles, first, ladder.top_tokens, prefault)
+    kv = make_kv(choice.layout, roles, first, ladder.top_tokens, prefault, ladder)
     trace = KVTrace(kv, origin, measure_physical)
     chunk = loader.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
     session = DecodeSession(

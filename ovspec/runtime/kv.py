@@ -417,9 +417,12 @@ def make_kv(
     capacity_tokens: int,
     max_capacity_tokens: int,
     prefault: Prefault | None = None,
+    ladder: Ladder | None = None,
 ) -> KVCache:
+    """The KV cache of ``layout``. ``ladder`` lets the remap layout build each growth
+    ahead of its boundary (see ``RemapKV.prepare_growth``)."""
     if layout is KVLayout.SHARED_MAX:
         return SharedMaxKV(roles, capacity_tokens, max_capacity_tokens)
     if layout is KVLayout.REMAP:
-        return RemapKV(roles, capacity_tokens, max_capacity_tokens)
+        return RemapKV(roles, capacity_tokens, max_capacity_tokens, ladder)
     return CopyAndGrowKV(roles, capacity_tokens, prefault)

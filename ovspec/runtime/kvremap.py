@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,6 +108,24 @@ def check_ladder(
     )
 
 
+@dataclass(frozen=True)
+class _Growth:
+    """A growth built ahead of its boundary: page moves, then the new rung's bindings."""
+
+    from_capacity_tokens: int
+    to_capacity_tokens: int
+    moves: list[vmem.PageMove]
+    arrays: dict[str, np.ndarray]
+    tensors: dict[str, ov.Tensor]
+    seconds: float
+
+    def matches(self, from_capacity_tokens: int, to_capacity_tokens: int) -> bool:
+        return (from_capacity_tokens, to_capacity_tokens) == (
+            self.from_capacity_tokens,
+            self.to_capacity_tokens,
+        )
+
+
 class RemapKV(KVCache):
     """Dense past tensors that grow in place; growth moves pages, copies nothing.
 
@@ -121,9 +140,19 @@ class RemapKV(KVCache):
     ``physical_bytes()`` reads it back from the kernel. Arrays and tensors of a rung
     stay mapped after a growth (a request still bound to one reads the new layout's
     bytes, never memory some other mapping reused) and go with ``close``.
+
+    Given the ``ladder``, the first write on a rung builds the growth to its successor
+    (``prepare_growth``: the move list, the views, the tensors), so the boundary itself
+    is the ``mremap`` calls and a swap of bindings.
     """
 
-    def __init__(self, roles: ModelRoles, capacity_tokens: int, max_capacity_tokens: int) -> None:
+    def __init__(
+        self,
+        roles: ModelRoles,
+        capacity_tokens: int,
+        max_capacity_tokens: int,
+        ladder: Ladder | None = None,
+    ) -> None:
         reason = vmem.unsupported_reason()
         if reason is not None:
             raise RemapUnsupportedError(
@@ -146,14 +175,54 @@ class RemapKV(KVCache):
         self._scratch: vmem.Region | None = None  # for moves whose ranges overlap
         self._arrays: dict[str, np.ndarray] = {}
         self._tensors: dict[str, ov.Tensor] = {}
+        self._ladder = ladder
+        self._prepared: _Growth | None = None
         self._bind()
 
     def _bind(self) -> None:
-        self._arrays = {
-            role.past_input: region.array(0, role.shape(1, self.capacity_tokens), dtype)
+        self._arrays = self._views(self.capacity_tokens)
+        self._tensors = {}
+
+    def _views(self, capacity_tokens: int) -> dict[str, np.ndarray]:
+        return {
+            role.past_input: region.array(0, role.shape(1, capacity_tokens), dtype)
             for role, region, dtype in zip(self.roles.kv, self._regions, self._dtypes, strict=True)
         }
-        self._tensors = {}
+
+    def write(self, present: Mapping[str, np.ndarray], count_tokens: int) -> None:
+        super().write(present, count_tokens)
+        if self._ladder is not None and self._prepared is None:
+            successor = self._ladder.successor(self.capacity_tokens)
+            if successor is not None and successor <= self.max_capacity_tokens:
+                self.prepare_growth(successor)
+
+    def prepare_growth(self, capacity_tokens: int) -> None:
+        """Build the growth to ``capacity_tokens`` now (its page moves, its views and
+        tensors), so that the boundary only moves pages and swaps bindings.
+
+        The moves take each block whole (its ``capacity`` tokens, not only the live
+        ones): at a boundary every slot is live, and a move of pages nobody wrote only
+        updates the page tables, so the plan stays right however many tokens come first.
+        """
+        self._check_growth(capacity_tokens)
+        if capacity_tokens > self.max_capacity_tokens:
+            raise LadderError(
+                f"capacity {capacity_tokens} exceeds the remap maximum {self.max_capacity_tokens}"
+            )
+        if capacity_tokens % self._quantum:
+            check_ladder(self.roles, Ladder((capacity_tokens,)))  # raises, naming the fix
+        began = time.perf_counter()
+        moves = self._moves(self.capacity_tokens, capacity_tokens, self.capacity_tokens)[0]
+        arrays = self._views(capacity_tokens)
+        tensors = {n: ov.Tensor(a, shared_memory=True) for n, a in arrays.items()}
+        self._prepared = _Growth(
+            self.capacity_tokens,
+            capacity_tokens,
+            moves,
+            arrays,
+            tensors,
+            time.perf_counter() - began,
+        )
 
     def tensors(self) -> dict[str, ov.Tensor]:
         # Made on first use after a growth: binding is the session's to time.
@@ -198,11 +267,17 @@ class RemapKV(KVCache):
         if capacity_tokens % self._quantum:
             check_ladder(self.roles, Ladder((capacity_tokens,)))  # raises, naming the fix
         old_capacity, live = self.capacity_tokens, self.live_tokens
+        prepared, self._prepared = self._prepared, None
         began = time.perf_counter()
-        moves, moved = self._moves(old_capacity, capacity_tokens, live)
-        vmem.move_pages(moves)  # all or none
+        if prepared is not None and prepared.matches(old_capacity, capacity_tokens):
+            vmem.move_pages(prepared.moves)  # all or none
+            self._arrays, self._tensors = prepared.arrays, prepared.tensors
+            moved = self._moved_bytes(live)
+        else:
+            moves, moved = self._moves(old_capacity, capacity_tokens, live)
+            vmem.move_pages(moves)
+            self._arrays, self._tensors = self._views(capacity_tokens), {}
         self.capacity_tokens = capacity_tokens
-        self._bind()
         seconds = time.perf_counter() - began
         return Migration(
             from_capacity_tokens=old_capacity,
@@ -214,6 +289,12 @@ class RemapKV(KVCache):
             peak_reserved_bytes=self.bytes_for(capacity_tokens),  # one range, grown in place
             moved_bytes=moved,
             peak_physical_bytes=self._peak(self.spans()),
+        )
+
+    def _moved_bytes(self, live: int) -> int:
+        """The bytes of written pages a growth moves: every block but the first."""
+        return sum(
+            (shape.blocks - 1) * self._live_block_bytes(shape, live) for shape in self._shapes
         )
 
     def _moves(
@@ -247,7 +328,12 @@ class RemapKV(KVCache):
             self._scratch = vmem.Region(block)
         return self._scratch.addr
 
+    @property
+    def prepared_seconds(self) -> float | None:
+        """How long building the pending growth took (None when none is pending)."""
+        return self._prepared.seconds if self._prepared is not None else None
+
     def close(self) -> None:
         # Dropping the references unmaps each mapping as soon as no view holds it.
-        self._arrays, self._tensors = {}, {}
+        self._arrays, self._tensors, self._prepared = {}, {}, None
         self._regions, self._scratch = [], None

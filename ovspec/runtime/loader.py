@@ -158,6 +158,12 @@ class Loader:
         self._after_get(spec)
         return program.compiled
 
+    def load_now(self, spec: Specialization | int) -> None:
+        """Have ``spec`` loaded when this returns (waiting for a load under way), without
+        queuing its successors and without recording a wait: for callers that keep
+        loads out of the time they measure."""
+        self._obtain(_as_spec(spec), record_wait=False)
+
     def _obtain(self, spec: Specialization, record_wait: bool) -> Program:
         """From memory, from a load under way (waiting for it), or loaded here."""
         self._check_open()

@@ -122,11 +122,16 @@ def test_committed_bytes_follow_the_tokens_page_by_page(roles: ModelRoles, kv: R
 
 @needs_mapping
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=12))
-def test_any_write_pattern_survives_growth(chunks: list[int]) -> None:
+@given(
+    st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=12),
+    st.booleans(),
+)
+def test_any_write_pattern_survives_growth(chunks: list[int], ahead: bool) -> None:
     roles = make_roles(layers=1, heads=3, head_dim=16)  # 64-byte tokens: 64 per page
     ladder = Ladder((64, 128, 256, 512, 1024, 2048))
-    cache = RemapKV(roles, 64, ladder.top_tokens)
+    # With the ladder, growths to the next rung use the plan built ahead; a chunk that
+    # skips a rung makes grow() build its own.
+    cache = RemapKV(roles, 64, ladder.top_tokens, ladder if ahead else None)
     writer = Writer(roles, ladder.top_tokens, seed=len(chunks))
     try:
         for chunk in chunks:
@@ -137,6 +142,41 @@ def test_any_write_pattern_survives_growth(chunks: list[int]) -> None:
             writer.write(cache, chunk)
             assert writer.matches(cache)
             assert cache.physical_bytes() == cache.committed_bytes
+    finally:
+        cache.close()
+
+
+@needs_mapping
+def test_a_growth_built_ahead_is_the_one_the_boundary_uses(
+    roles: ModelRoles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ladder = Ladder((256, 512, 1024))
+    cache = RemapKV(roles, 256, 1024, ladder)
+    writer = Writer(roles, 1024)
+    try:
+        assert cache.prepared_seconds is None  # nothing written yet
+        writer.write(cache, 5)
+        assert cache.prepared_seconds is not None  # the first write built 256 -> 512
+        writer.write(cache, cache.capacity_tokens - cache.live_tokens - 3)
+        committed = cache.physical_bytes()
+
+        def not_again(*args: object) -> None:
+            raise AssertionError("grow() rebuilt a growth that was built ahead")
+
+        monkeypatch.setattr(cache, "_moves", not_again)
+        migration = cache.grow(512)
+        assert migration.copied_bytes == 0 and migration.moved_bytes == committed // 2
+        assert cache.physical_bytes() == committed and writer.matches(cache)
+        assert cache.prepared_seconds is None  # used up; the next write builds 512 -> 1024
+        names = {r.past_input for r in roles.kv}
+        assert {n for n, t in cache.tensors().items() if list(t.shape)[2] == 512} == names
+        monkeypatch.undo()
+        writer.write(cache, 1)
+        assert cache.prepared_seconds is not None
+        writer.fill_to_capacity(cache)
+        cache.grow(1024)
+        writer.write(cache, 1)
+        assert cache.prepared_seconds is None and writer.matches(cache)  # the top: no successor
     finally:
         cache.close()
 
