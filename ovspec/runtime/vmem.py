@@ -53,13 +53,24 @@ PAGE_BYTES = mmap.PAGESIZE
 
 
 class _Libc:
-    """The libc calls the KV layouts need, bound once and checked by a probe."""
+    """The libc calls the KV layouts need, bound once and checked by a probe.
 
-    def __init__(self, lib: Any) -> None:
+    ``mremap`` is bound through ``gil_lib`` (a ``ctypes.PyDLL``: the call keeps the GIL).
+    A boundary makes one short call per head block; through a ``CDLL`` each would drop
+    the GIL and wait to take it back, up to the switch interval (5 ms) whenever another
+    thread runs Python (a loader preparing the next rung), which made an in-process
+    boundary 4-13 ms instead of ~1.
+    """
+
+    def __init__(self, lib: Any, gil_lib: Any | None = None) -> None:
         missing = [n for n in ("mmap", "munmap", "mremap", "madvise") if not hasattr(lib, n)]
         if missing:
             raise RemapUnsupportedError(f"the C library lacks {', '.join(missing)}")
         vp, size = ctypes.c_void_p, ctypes.c_size_t
+        gil_lib = lib if gil_lib is None else gil_lib
+        self._mremap = gil_lib.mremap
+        self._mremap.restype = vp
+        self._mremap.argtypes = [vp, size, size, ctypes.c_int, vp]
         lib.mmap.restype = vp
         lib.mmap.argtypes = [vp, size, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         lib.munmap.restype = ctypes.c_int
@@ -89,7 +100,7 @@ class _Libc:
         it stays ours, so nothing else can be mapped into it before we are done.
         """
         flags = _MREMAP_MAYMOVE | _MREMAP_FIXED | (_MREMAP_DONTUNMAP if keep_source else 0)
-        got = self._lib.mremap(src, size_bytes, size_bytes, flags, dst)
+        got = self._mremap(src, size_bytes, size_bytes, flags, dst)
         if got is None or got == _MAP_FAILED or got != dst:
             raise _errno_error(f"mremap of {size_bytes} bytes {src:#x} -> {dst:#x}")
 
@@ -125,7 +136,7 @@ class _Kernel:
     populate_write: bool  # MADV_POPULATE_WRITE (Linux >= 5.14); else memset pre-faults
 
 
-def _load(sys_platform: str, machine: str, lib: Any | None) -> _Kernel:
+def _load(sys_platform: str, machine: str, lib: Any | None, gil_lib: Any | None = None) -> _Kernel:
     if not sys_platform.startswith("linux"):
         raise RemapUnsupportedError(f"it needs Linux (mremap); this is {sys_platform}")
     if machine.lower() not in _GENERIC_ABI_MACHINES:
@@ -134,8 +145,10 @@ def _load(sys_platform: str, machine: str, lib: Any | None) -> _Kernel:
             f"not of {machine}"
         )
     if lib is None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc = _Libc(lib)
+        name = ctypes.util.find_library("c") or "libc.so.6"
+        lib = ctypes.CDLL(name, use_errno=True)
+        gil_lib = ctypes.PyDLL(name, use_errno=True)
+    libc = _Libc(lib, gil_lib)
     if not libc.probe():
         raise RemapUnsupportedError("this kernel lacks mremap(MREMAP_DONTUNMAP) (Linux >= 5.7)")
     return _Kernel(libc, populate_write=libc.probe(_MADV_POPULATE_WRITE))

