@@ -53,12 +53,15 @@ class RunRequest:
 
 
 def run(request: RunRequest) -> dict[str, Any]:
-    # Pinned first, before OpenVINO exists in this process (its threads inherit it).
-    from ovspec.compile.split import CoreSplit, pin_process
+    # Pinned first, before OpenVINO exists in this process (its threads inherit it;
+    # ``open`` moves all but this, the decode thread, to the host cores).
+    import threading
+
+    from ovspec.compile.split import CoreSplit, pin_split
 
     split = CoreSplit.from_json(request.split) if request.split is not None else None
     if split is not None:
-        pin_process(split.device)
+        pin_split(split, threading.get_native_id())
     # Imports next (interpreter start-up is not compile time). The clock starts when the
     # loader is open (OpenVINO up, the host process started: the host exists before the
     # request, as on an NPU machine), so the foreground includes reading and preparing

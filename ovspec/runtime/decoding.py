@@ -8,6 +8,9 @@ steps, boundaries and the loader's events.
 
 from __future__ import annotations
 
+import functools
+import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +21,13 @@ import numpy as np
 
 from ovspec.compile.compiler import BlobMode, Compiler, LoadMode, default_load_mode
 from ovspec.compile.devices import device_family
-from ovspec.compile.split import THREADS_PROPERTY, CoreSplit, HostBuilder, pin_process
+from ovspec.compile.split import (
+    THREADS_PROPERTY,
+    CoreSplit,
+    HostBuilder,
+    pin_process,
+    pin_split,
+)
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import resolve_model
@@ -131,9 +140,12 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     on_close: list[Callable[[], None]] = [compiler.close]
     if owns_store:
         on_close.append(opened.close)
+    pin_threads: Callable[[], None] | None = None
     if cores is not None:
+        decode_tid = threading.get_native_id()  # the thread that opens is the one that decodes
+        pin_threads = functools.partial(pin_split, cores, decode_tid)
         try:
-            _start_split(compiler, cores, opened, on_close)
+            _start_split(compiler, cores, opened, on_close, pin_threads)
         except BaseException:
             for callback in on_close:
                 callback()
@@ -148,14 +160,21 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         origin_s=origin_s,
         kv_layout=kv_layout,
         worker_cores=cores.host if cores is not None else None,
+        pin_threads=pin_threads,
     )
 
 
 def _start_split(
-    compiler: Compiler, cores: CoreSplit, store: Store, on_close: list[Callable[[], None]]
+    compiler: Compiler,
+    cores: CoreSplit,
+    store: Store,
+    on_close: list[Callable[[], None]],
+    pin_threads: Callable[[], None],
 ) -> None:
-    """Pin this process to the device cores and start the host build process."""
-    before = pin_process(cores.device)
+    """Pin the decode thread to the device cores (the rest of this process to the host
+    cores, see ``pin_split``) and start the host build process."""
+    before = tuple(sorted(os.sched_getaffinity(0)))
+    pin_threads()
     on_close.append(lambda: _restore_affinity(before))
     builder = HostBuilder.start(
         model_root=compiler.model_dir.root,

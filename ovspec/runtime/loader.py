@@ -81,6 +81,7 @@ class Loader:
         warm_up: bool = True,
         kv_layout: KVLayout | None = None,
         worker_cores: tuple[int, ...] | None = None,
+        pin_threads: Callable[[], None] | None = None,
     ) -> None:
         self.compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
@@ -100,6 +101,9 @@ class Loader:
         # importing and warming what it published) runs on the host cores, so only the
         # decode thread and OpenVINO's inference threads use the device cores.
         self.worker_cores = worker_cores
+        # ... and OpenVINO's pool threads, which do most of an import's work, are put
+        # back on the host cores around every load (``split.pin_split``).
+        self._pin_threads = pin_threads
         self._worker = ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix="ovspec-loader",
@@ -276,6 +280,8 @@ class Loader:
 
     def _load(self, spec: Specialization, foreground: bool) -> Program:
         self._record(EventKind.LOAD_START, spec, foreground)
+        if self._pin_threads is not None:
+            self._pin_threads()
         try:
             program = self.compiler.load(spec)
         except Exception as exc:
@@ -308,6 +314,8 @@ class Loader:
         if self.warm_up and spec.phase is Phase.DECODE and not program.reused:
             warm_s = warm_up(program.compiled)
             self._warmed = True
+        if self._pin_threads is not None:
+            self._pin_threads()  # threads the load made on the decode thread's cores
         self._record(
             EventKind.LOADED,
             spec,
