@@ -53,15 +53,13 @@ class RunRequest:
 
 
 def run(request: RunRequest) -> dict[str, Any]:
-    # Pinned first, before OpenVINO exists in this process (its threads inherit it;
-    # ``open`` moves all but this, the decode thread, to the host cores).
-    import threading
-
-    from ovspec.compile.split import CoreSplit, pin_split
+    # Not pinned here: ``open`` pins this (the decode) thread to the device cores and
+    # the rest to the host. OpenVINO must start with the whole mask: started on the
+    # device core alone, its CPU plugin put the pool threads that build an imported
+    # graph back on that core whatever they were re-pinned to (measured per thread).
+    from ovspec.compile.split import CoreSplit
 
     split = CoreSplit.from_json(request.split) if request.split is not None else None
-    if split is not None:
-        pin_split(split, threading.get_native_id())
     # Imports next (interpreter start-up is not compile time). The clock starts when the
     # loader is open (OpenVINO up, the host process started: the host exists before the
     # request, as on an NPU machine), so the foreground includes reading and preparing
