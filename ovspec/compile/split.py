@@ -127,7 +127,9 @@ def pin_split(split: CoreSplit, decode_tid: int) -> None:
     decode. With one device core inference runs on the thread that calls ``infer``
     (``INFERENCE_NUM_THREADS`` = 1), so everything else can move to the host. Called
     again around every load: threads OpenVINO creates later inherit their creator's
-    cores, which may be the decode thread's.
+    cores, which may be the decode thread's. OpenVINO should have started before this
+    with the whole mask: a thread entering its pool gets the mask it started with
+    (docs/DESIGN.md §10.16).
     """
     if not split.decode_thread_only:
         pin_process(split.device)

@@ -82,10 +82,13 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     (``s3://BUCKET/PREFIX``; default ``$OVSPEC_REMOTE``); a ``Store`` given as ``store``
     brings its own.
     ``split`` (a ``CoreSplit``, or True for ``CoreSplit.default()``): the device/host
-    split of a CPU stand-in. This process (every thread) is pinned to the device cores
-    until the loader closes, OpenVINO's inference threads are bounded to their count,
-    and every blob is built by a process on the host cores into the store and imported
-    here (so the load mode is ``import``).
+    split of a CPU stand-in. From the end of the loader's foreground (``start``, or the
+    first ``get``) until it closes, the thread that called ``open`` (the decode thread)
+    is pinned to the device cores and every other thread of this process to the host
+    cores (with one device core; with several the whole process is on them);
+    OpenVINO's inference threads are bounded to the device core count, and every blob
+    is built by a process on the host cores into the store and imported here (so the
+    load mode is ``import``).
     """
     ladder = Ladder.parse(ladder) if isinstance(ladder, str) else ladder
     policy = Policy(policy) if isinstance(policy, str) else policy
@@ -145,7 +148,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         decode_tid = threading.get_native_id()  # the thread that opens is the one that decodes
         pin_threads = functools.partial(pin_split, cores, decode_tid)
         try:
-            _start_split(compiler, cores, opened, on_close, pin_threads)
+            _start_split(compiler, cores, opened, on_close)
         except BaseException:
             for callback in on_close:
                 callback()
@@ -169,12 +172,12 @@ def _start_split(
     cores: CoreSplit,
     store: Store,
     on_close: list[Callable[[], None]],
-    pin_threads: Callable[[], None],
 ) -> None:
-    """Pin the decode thread to the device cores (the rest of this process to the host
-    cores, see ``pin_split``) and start the host build process."""
+    """Start the host build process. The loader pins the decode thread to the device
+    cores (the rest of this process to the host cores, see ``pin_split``) when its
+    foreground is over; OpenVINO has started by now with the whole mask (the Compiler
+    listed the devices), which a thread entering its pool gets again."""
     before = tuple(sorted(os.sched_getaffinity(0)))
-    pin_threads()
     on_close.append(lambda: _restore_affinity(before))
     builder = HostBuilder.start(
         model_root=compiler.model_dir.root,

@@ -55,7 +55,7 @@ def test_split_pins_builds_on_the_host_and_decodes_the_same_tokens(tmp_path: Pat
         builder = loader.compiler.host_builder
         assert builder is not None
         assert builder.pid != os.getpid() and builder.affinity == split.host
-        assert os.sched_getaffinity(0) == set(split.device)  # the decode thread
+        assert os.sched_getaffinity(0) == before  # the foreground may use every core
         assert loader.compiler.properties["INFERENCE_NUM_THREADS"] == "1"
         result = runtime.decode(loader, PROMPT, max_new_tokens=70)
         # The decode thread alone is on the device core: the loader's worker (waiting
