@@ -195,8 +195,9 @@ def _pinning(how: str | None) -> str:
             "the decode thread is pinned to the device core (`INFERENCE_NUM_THREADS` = 1: "
             "inference runs on that thread), every other thread of the decode process (the "
             "loader's, and OpenVINO's pool threads, which build an imported graph) to the "
-            "host cores (OpenVINO gives a thread entering its pool both cores again: ~1% "
-            "of the decode thread's CPU time ran on the host core),"
+            "host cores once the foreground is over (OpenVINO gives a thread entering its "
+            "pool the whole mask it started with: ~1% of the decode thread's CPU time ran "
+            "on the host core),"
         )
     return (
         "the decode process is pinned to the device cores (every thread, before OpenVINO "

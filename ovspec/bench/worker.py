@@ -55,8 +55,8 @@ class RunRequest:
 def run(request: RunRequest) -> dict[str, Any]:
     # Not pinned here: ``open`` pins this (the decode) thread to the device cores and
     # the rest to the host. OpenVINO must start with the whole mask: started on the
-    # device core alone, its CPU plugin put the pool threads that build an imported
-    # graph back on that core whatever they were re-pinned to (measured per thread).
+    # device core alone, it put the pool threads that build an imported graph back on
+    # that core whenever they entered its pool (measured per thread).
     from ovspec.compile.split import CoreSplit
 
     split = CoreSplit.from_json(request.split) if request.split is not None else None
