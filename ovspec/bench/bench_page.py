@@ -196,7 +196,7 @@ def _pinning(how: str | None) -> str:
             "inference runs on that thread), every other thread of the decode process (the "
             "loader's, and OpenVINO's pool threads, which build an imported graph) to the "
             "host cores once the foreground is over (OpenVINO gives a thread entering its "
-            "pool the whole mask it started with: ~1% of the decode thread's CPU time ran "
+            "pool the whole mask it started with: 1-3% of the decode thread's CPU time ran "
             "on the host core),"
         )
     return (
