@@ -80,6 +80,13 @@ def page_document(result: BenchResult, env: Mapping[str, str], command: str) -> 
             "protocols": [p.value for p in cfg.protocols],
             "arms": cfg.labels,
             "split": cfg.split.to_json() if cfg.split is not None else None,
+            # Which threads the split pins to the device cores (absent before 2026-12-01:
+            # the whole decode process was).
+            "split_pinning": (
+                ("decode_thread" if cfg.split.decode_thread_only else "process")
+                if cfg.split is not None
+                else None
+            ),
             "load_mode": cfg.load_mode,
             "compression": cfg.compression,
             "properties": dict(cfg.properties),
@@ -154,12 +161,15 @@ def _setup(document: Mapping[str, Any]) -> list[str]:
         f"{cfg['prompt_tokens']}-token prompt and {cfg['new_tokens']} teacher-forced tokens; "
         f"weights compression {cfg['compression']}; prefill chunk {cfg['prefill_chunk_tokens']}.",
         f"- **Protocols**: {protocols}.",
-        f"- **Arms**: {', '.join(cfg['arms'])}. The split: {cores}: the decode process is "
-        "pinned to the device cores (every thread, before OpenVINO starts; "
-        "`INFERENCE_NUM_THREADS` = the device core count) and every graph is built by a "
+        f"- **Arms**: {', '.join(cfg['arms'])}. The split: {cores}: "
+        + _pinning(cfg.get("split_pinning", "process"))
+        + " and every graph is built by a "
         "spawned process pinned to the host cores, into the store under its per-key lock; "
         "the decode process imports what the host published. The `-shared` arm runs the "
-        "same protocols with no pinning and builds in the decode process.",
+        "same protocols with no pinning and builds in the decode process. Every protocol "
+        "warms each decode graph with one throwaway inference as it loads (I1 and B0/B1 in "
+        "their foreground, I2 on the loader's thread before the boundary): no protocol "
+        "pays a graph's first inference in its decode.",
         f"- **Load mode** `{cfg['load_mode']}` for every protocol and arm (the split needs "
         "the store path; the shared arm loads the same way so the two differ only in the "
         "split). Properties: "
@@ -177,6 +187,22 @@ def _setup(document: Mapping[str, Any]) -> list[str]:
         "(unpacked f32 when imported) copy of the weights, so RSS counts graphs, not only KV; "
         "an NPU holds them in device memory instead.",
     ]
+
+
+def _pinning(how: str | None) -> str:
+    if how == "decode_thread":
+        return (
+            "the decode thread is pinned to the device core (`INFERENCE_NUM_THREADS` = 1: "
+            "inference runs on that thread), every other thread of the decode process (the "
+            "loader's, and OpenVINO's pool threads, which build an imported graph) to the "
+            "host cores once the foreground is over (OpenVINO gives a thread entering its "
+            "pool the whole mask it started with: 1-3% of the decode thread's CPU time ran "
+            "on the host core),"
+        )
+    return (
+        "the decode process is pinned to the device cores (every thread, before OpenVINO "
+        "starts; `INFERENCE_NUM_THREADS` = the device core count)"
+    )
 
 
 def _design(k: int) -> str:

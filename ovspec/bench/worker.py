@@ -53,12 +53,13 @@ class RunRequest:
 
 
 def run(request: RunRequest) -> dict[str, Any]:
-    # Pinned first, before OpenVINO exists in this process (its threads inherit it).
-    from ovspec.compile.split import CoreSplit, pin_process
+    # Not pinned here: ``open`` pins this (the decode) thread to the device cores and
+    # the rest to the host. OpenVINO must start with the whole mask: started on the
+    # device core alone, it put the pool threads that build an imported graph back on
+    # that core whenever they entered its pool (measured per thread).
+    from ovspec.compile.split import CoreSplit
 
     split = CoreSplit.from_json(request.split) if request.split is not None else None
-    if split is not None:
-        pin_process(split.device)
     # Imports next (interpreter start-up is not compile time). The clock starts when the
     # loader is open (OpenVINO up, the host process started: the host exists before the
     # request, as on an NPU machine), so the foreground includes reading and preparing

@@ -79,6 +79,13 @@ class CoreSplit:
         except ValueError as exc:
             raise BadRequestError(f"{arg('split', text)}: {exc}") from exc
 
+    @property
+    def decode_thread_only(self) -> bool:
+        """Whether only the decode thread needs the device cores: with one device core
+        OpenVINO infers on the calling thread alone; with several it also uses pool
+        threads that cannot be told apart from the ones that import."""
+        return len(self.device) == 1
+
     def describe(self) -> str:
         return f"device cores {_show(self.device)}, host cores {_show(self.host)}"
 
@@ -103,14 +110,41 @@ def pin_process(cores: Iterable[int]) -> tuple[int, ...]:
     from their creator); returns the affinity the calling thread had."""
     wanted = set(cores)
     before = tuple(sorted(os.sched_getaffinity(0)))
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:  # no procfs: the calling thread only
-        tids = [0]
-    for tid in tids:
+    for tid in _task_ids():
         with contextlib.suppress(ProcessLookupError):  # a thread that just ended
             os.sched_setaffinity(tid, wanted)
     return before
+
+
+def pin_split(split: CoreSplit, decode_tid: int) -> None:
+    """The decode thread on the device cores, every other thread of this process on
+    the host cores (with one device core; with several, the whole process stays on the
+    device cores, see ``CoreSplit.decode_thread_only``).
+
+    OpenVINO's CPU plugin builds an imported model's graph (weight unpacking and
+    repacking) on its own pool threads, which the process made before any load: pinned
+    with the process to the device core, a successor's import ran there, beside the
+    decode. With one device core inference runs on the thread that calls ``infer``
+    (``INFERENCE_NUM_THREADS`` = 1), so everything else can move to the host. Called
+    again around every load: threads OpenVINO creates later inherit their creator's
+    cores, which may be the decode thread's. OpenVINO should have started before this
+    with the whole mask: a thread entering its pool gets the mask it started with
+    (docs/DESIGN.md §10.16).
+    """
+    if not split.decode_thread_only:
+        pin_process(split.device)
+        return
+    for tid in _task_ids():
+        cores = split.device if tid == decode_tid else split.host
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(tid, cores)
+
+
+def _task_ids() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # no procfs: the calling thread only
+        return [threading.get_native_id()]
 
 
 def thread_affinities() -> dict[int, tuple[int, ...]]:

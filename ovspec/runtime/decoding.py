@@ -8,6 +8,9 @@ steps, boundaries and the loader's events.
 
 from __future__ import annotations
 
+import functools
+import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +21,13 @@ import numpy as np
 
 from ovspec.compile.compiler import BlobMode, Compiler, LoadMode, default_load_mode
 from ovspec.compile.devices import device_family
-from ovspec.compile.split import THREADS_PROPERTY, CoreSplit, HostBuilder, pin_process
+from ovspec.compile.split import (
+    THREADS_PROPERTY,
+    CoreSplit,
+    HostBuilder,
+    pin_process,
+    pin_split,
+)
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import resolve_model
@@ -73,10 +82,13 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     (``s3://BUCKET/PREFIX``; default ``$OVSPEC_REMOTE``); a ``Store`` given as ``store``
     brings its own.
     ``split`` (a ``CoreSplit``, or True for ``CoreSplit.default()``): the device/host
-    split of a CPU stand-in. This process (every thread) is pinned to the device cores
-    until the loader closes, OpenVINO's inference threads are bounded to their count,
-    and every blob is built by a process on the host cores into the store and imported
-    here (so the load mode is ``import``).
+    split of a CPU stand-in. From the end of the loader's foreground (``start``, or the
+    first ``get``) until it closes, the thread that called ``open`` (the decode thread)
+    is pinned to the device cores and every other thread of this process to the host
+    cores (with one device core; with several the whole process is on them);
+    OpenVINO's inference threads are bounded to the device core count, and every blob
+    is built by a process on the host cores into the store and imported here (so the
+    load mode is ``import``).
     """
     ladder = Ladder.parse(ladder) if isinstance(ladder, str) else ladder
     policy = Policy(policy) if isinstance(policy, str) else policy
@@ -131,7 +143,10 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     on_close: list[Callable[[], None]] = [compiler.close]
     if owns_store:
         on_close.append(opened.close)
+    pin_threads: Callable[[], None] | None = None
     if cores is not None:
+        decode_tid = threading.get_native_id()  # the thread that opens is the one that decodes
+        pin_threads = functools.partial(pin_split, cores, decode_tid)
         try:
             _start_split(compiler, cores, opened, on_close)
         except BaseException:
@@ -148,14 +163,21 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         origin_s=origin_s,
         kv_layout=kv_layout,
         worker_cores=cores.host if cores is not None else None,
+        pin_threads=pin_threads,
     )
 
 
 def _start_split(
-    compiler: Compiler, cores: CoreSplit, store: Store, on_close: list[Callable[[], None]]
+    compiler: Compiler,
+    cores: CoreSplit,
+    store: Store,
+    on_close: list[Callable[[], None]],
 ) -> None:
-    """Pin this process to the device cores and start the host build process."""
-    before = pin_process(cores.device)
+    """Start the host build process. The loader pins the decode thread to the device
+    cores (the rest of this process to the host cores, see ``pin_split``) when its
+    foreground is over; OpenVINO has started by now with the whole mask (the Compiler
+    listed the devices), which a thread entering its pool gets again."""
+    before = tuple(sorted(os.sched_getaffinity(0)))
     on_close.append(lambda: _restore_affinity(before))
     builder = HostBuilder.start(
         model_root=compiler.model_dir.root,

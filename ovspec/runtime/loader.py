@@ -81,6 +81,7 @@ class Loader:
         warm_up: bool = True,
         kv_layout: KVLayout | None = None,
         worker_cores: tuple[int, ...] | None = None,
+        pin_threads: Callable[[], None] | None = None,
     ) -> None:
         self.compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
@@ -100,6 +101,12 @@ class Loader:
         # importing and warming what it published) runs on the host cores, so only the
         # decode thread and OpenVINO's inference threads use the device cores.
         self.worker_cores = worker_cores
+        # ... and once the foreground is over (nothing decodes before: it may use every
+        # core), the decode thread goes to the device cores and the rest, OpenVINO's pool
+        # threads that do most of an import's work included, to the host cores, again
+        # around every load (``split.pin_split``).
+        self._pin_threads = pin_threads
+        self._split_begun = False
         self._worker = ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix="ovspec-loader",
@@ -124,6 +131,12 @@ class Loader:
         Eager loads every rung before returning, two at a time (every other one on
         the worker: a CPU compile keeps about one core busy).
         """
+        try:
+            self._start(first_capacity_tokens)
+        finally:
+            self._begin_split()
+
+    def _start(self, first_capacity_tokens: int) -> None:
         decode = Specialization.decode(first_capacity_tokens)
         prefill = self._prefill(first_capacity_tokens) if self.prefill_chunk_tokens else None
         if self.policy is Policy.EAGER:
@@ -153,6 +166,7 @@ class Loader:
         """The compiled graph of ``spec`` (a rung means its decode graph); loads it in the
         foreground if nobody has."""
         self._check_open()
+        self._begin_split()
         spec = _as_spec(spec)
         program = self._obtain(spec, record_wait=True)
         self._after_get(spec)
@@ -276,12 +290,19 @@ class Loader:
 
     # -- internals ----------------------------------------------------------------
 
+    def _begin_split(self) -> None:
+        if self._pin_threads is not None and not self._split_begun:
+            self._split_begun = True
+            self._pin_threads()
+
     def _prefill(self, capacity_tokens: int) -> Specialization:
         chunk = self.prefill_chunk_tokens or 1
         return Specialization.prefill(capacity_tokens, min(chunk, capacity_tokens))
 
     def _load(self, spec: Specialization, foreground: bool) -> Program:
         self._record(EventKind.LOAD_START, spec, foreground)
+        if self._split_begun and self._pin_threads is not None:
+            self._pin_threads()
         try:
             program = self.compiler.load(spec)
         except Exception as exc:
@@ -314,6 +335,8 @@ class Loader:
         if self.warm_up and spec.phase is Phase.DECODE and not program.reused:
             warm_s = warm_up(program.compiled)
             self._warmed = True
+        if self._split_begun and self._pin_threads is not None:
+            self._pin_threads()  # threads the load made on the decode thread's cores
         self._record(
             EventKind.LOADED,
             spec,

@@ -3,6 +3,7 @@ committed page (a hand edit, or a renderer change without a re-render, fails her
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -21,3 +22,16 @@ def test_every_registered_page_has_its_results_committed() -> None:
 @pytest.mark.parametrize("page", SAVED)
 def test_the_committed_page_is_its_results_rendered(page: str) -> None:
     assert (DOCS / f"{page}.md").read_text(encoding="utf-8") == pages.render_saved(DOCS, page)
+
+
+def test_the_bench_page_says_which_threads_the_split_pins() -> None:
+    """Results from before 2026-12-01 pinned the whole decode process; newer ones record
+    that only the decode thread is on the device cores, and the page says so."""
+    document = json.loads(pages.results_path(DOCS, "bench").read_text(encoding="utf-8"))
+    old = pages.renderer("bench")(document)
+    document["config"]["split_pinning"] = "decode_thread"
+    new = pages.renderer("bench")(document)
+    assert "(every thread, before OpenVINO starts" in old
+    assert "the decode thread is pinned to the device core" not in old
+    assert "the decode thread is pinned to the device core" in new
+    assert "(every thread, before OpenVINO starts" not in new
