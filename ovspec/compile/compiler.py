@@ -9,6 +9,7 @@ the loader calls it from a background worker while the decode thread imports.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -35,6 +36,8 @@ from ovspec.compile.devices import (
     key_properties,
     resolve_device,
 )
+from ovspec.compile.graphs import GraphShelf, graph_key, ir_constants
+from ovspec.compile.split import lower_thread_priority
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
@@ -192,7 +195,11 @@ class Compiler:
         )
         self._compile_properties = {**self.properties, **blob_compile_properties(blob_mode)}
         self._core = ov.Core()
-        self.facts: DeviceFacts = resolve_device(self._core, device, self.properties)
+        self._facts: DeviceFacts | None = None
+        self._facts_error: BaseException | None = None
+        self._early: threading.Thread | None = None
+        if load_mode is not LoadMode.COMPILE:
+            self._facts = resolve_device(self._core, device, self.properties)
         # A store that is read-only here may be another user's: its memo is not read
         # (a planted digest would name another file's blobs); hashing is the fallback.
         self._memo = memo or DigestMemo(None if store.read_only else store.layout.digests)
@@ -210,6 +217,43 @@ class Compiler:
         # The device/host split (compile/split.py): a process on the host cores builds
         # each blob into the store; this compiler imports what it published.
         self.host_builder: HostBuilder | None = None
+        # COMPILE mode: specialized graphs kept in the store's graphs/ folder (not in a
+        # store that is read-only here: it may be another user's), so a warm start
+        # reads the IR but neither prepares nor specializes it (compile/graphs.py).
+        self.shelf = GraphShelf(
+            store.layout.graphs if load_mode is LoadMode.COMPILE and not store.read_only else None
+        )
+        self._ir_constants: dict[str, ov.Node] | None = None
+        self._ir_lock = threading.Lock()
+        self._shelving: list[threading.Thread] = []
+        if load_mode is LoadMode.COMPILE:
+            # The device facts (a probe compile) and the IR's read (for a kept graph's
+            # weights) on a thread, while this one finds and reads the kept graph: both
+            # are needed only before the first compile (``facts`` waits for them).
+            self._early = threading.Thread(target=self._early_work, name="ovspec-early")
+            self._early.daemon = True
+            self._early.start()
+
+    def _early_work(self) -> None:
+        if self.shelf.folder is not None:
+            with contextlib.suppress(Exception):  # read (and raise) again where needed
+                self._ir_weights()
+        try:
+            self._facts = resolve_device(self._core, self.device, self.properties)
+        except BaseException as exc:  # raised by ``facts``, in the caller's thread
+            self._facts_error = exc
+
+    @property
+    def facts(self) -> DeviceFacts:
+        """What identifies the device in a key; raises ``DeviceError`` for a device or
+        properties this machine cannot compile with."""
+        if self._facts is None:
+            if self._early is not None:
+                self._early.join()
+            if self._facts_error is not None:
+                raise self._facts_error
+            assert self._facts is not None
+        return self._facts
 
     # -- the dynamic graph, prepared once -----------------------------------------
 
@@ -230,6 +274,12 @@ class Compiler:
                 return self._llm.roles
             if self._roles is not None:
                 return self._roles
+        if hint is not None and self.shelf.folder is not None:
+            kept = self.shelf.roles(self.graph_key(self.graph_spec(hint)))
+            if kept is not None:
+                with self._llm_lock:
+                    self._roles = self._roles or kept
+                    return self._roles
         if hint is not None:
             key = self.key(hint)
             try:
@@ -441,7 +491,7 @@ class Compiler:
             reused = compiled is not None
             compile_s = 0.0
             if compiled is None:
-                compiled, compile_s = self._compile(target, self.properties)
+                compiled, compile_s = self._compile_kept(target)
                 self._graphs[target] = compiled
                 log.debug("compiled %s from the IR in %.3f s", target.label, compile_s)
         outcome = BuildOutcome(
@@ -457,11 +507,58 @@ class Compiler:
         )
         return Program(spec, compiled, outcome, 0.0, np.empty(0, dtype=np.uint8), reused)
 
-    def _compile(
-        self, spec: Specialization, properties: Mapping[str, Any]
-    ) -> tuple[ov.CompiledModel, float]:
-        """``spec``'s graph compiled with ``properties``, and the compile's seconds."""
+    def graph_key(self, spec: Specialization) -> str:
+        """The name of ``spec``'s kept graph (no device facts: a graph is device-neutral)."""
+        return graph_key(
+            {
+                "ir_structure": self._memo.digest(self.model_dir.xml_path),
+                "weights": self._memo.digest(self.model_dir.bin_path),
+                "compression": self.compression.canonical,
+                "transforms": transforms_id(self.rewrites),
+                "specialization": spec.canonical,
+                "openvino": ov.get_version(),
+            }
+        )
+
+    def _ir_weights(self) -> dict[str, ov.Node]:
+        """The IR's Constants by name, from one read of the IR (its .bin mapped once)."""
+        with self._ir_lock:
+            if self._ir_constants is None:
+                self._ir_constants = ir_constants(read_ir(self.model_dir.xml_path))
+            return self._ir_constants
+
+    def _compile_kept(self, spec: Specialization) -> tuple[ov.CompiledModel, float]:
+        """COMPILE mode: ``spec``'s graph from the shelf if kept there, else specialized
+        from the IR, compiled, and then kept (on a thread: it is not on the way to the
+        first token)."""
+        key = self.graph_key(spec) if self.shelf.folder is not None else ""
+        kept = self.shelf.load(key, self._ir_weights) if key else None
+        self.facts  # noqa: B018 -- a device or property error comes before a compile
+        if kept is not None:
+            with self._llm_lock:
+                self._roles = self._roles or kept.roles
+            return self._compile(spec, self.properties, kept.model)
         model = self.specialize(spec)
+        compiled, compile_s = self._compile(spec, self.properties, model)
+        if key:
+            thread = threading.Thread(
+                target=self._keep, args=(key, model), name="ovspec-shelf", daemon=False
+            )
+            thread.start()
+            with self._llm_lock:
+                self._shelving.append(thread)
+        return compiled, compile_s
+
+    def _keep(self, key: str, model: ov.Model) -> None:
+        lower_thread_priority()
+        self.shelf.save(key, model, self.llm().roles, self._ir_weights())
+
+    def _compile(
+        self, spec: Specialization, properties: Mapping[str, Any], model: ov.Model | None = None
+    ) -> tuple[ov.CompiledModel, float]:
+        """``spec``'s graph (``model``, else specialized here) compiled with
+        ``properties``, and the compile's seconds."""
+        model = model if model is not None else self.specialize(spec)
         began = time.perf_counter()
         try:
             compiled = self._core.compile_model(model, self.device, dict(properties))
@@ -488,4 +585,9 @@ class Compiler:
         return compile_s, export_s, size
 
     def close(self) -> None:
+        """Wait for graphs being kept, then release the digest memo."""
+        with self._llm_lock:
+            shelving, self._shelving = self._shelving, []
+        for thread in shelving:
+            thread.join()
         self._memo.close()
