@@ -3,13 +3,14 @@
 A ``Compiler`` prepares the dynamic graph once (read, compress, stateless), derives
 each specialization's key from named components, builds missing blobs into the
 store and imports blobs from memory-mapped files, or (``LoadMode.COMPILE``, CPU's
-default in ``ovspec.open``) compiles each graph from the prepared IR. It is thread-safe:
-the loader calls it from a background worker while the decode thread imports.
+default in ``ovspec.open``) compiles each graph from the prepared IR (or a graph kept in
+the store's graphs/, compile/graphs.py). It is thread-safe: the loader calls it from a
+background worker while the decode thread imports. Longer than 500 lines: both load
+modes share the keys, the roles and the IR's preparation kept here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import json
@@ -31,13 +32,13 @@ import openvino as ov
 from ovspec.compile.blobfile import FileSink, map_file
 from ovspec.compile.devices import (
     DeviceFacts,
+    FactsOnAThread,
     compiler_version,
     device_family,
     key_properties,
     resolve_device,
 )
-from ovspec.compile.graphs import GraphShelf, graph_key, ir_constants
-from ovspec.compile.split import lower_thread_priority
+from ovspec.compile.graphs import GraphKeeper, graph_key
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
@@ -195,11 +196,14 @@ class Compiler:
         )
         self._compile_properties = {**self.properties, **blob_compile_properties(blob_mode)}
         self._core = ov.Core()
-        self._facts: DeviceFacts | None = None
-        self._facts_error: BaseException | None = None
-        self._early: threading.Thread | None = None
-        if load_mode is not LoadMode.COMPILE:
-            self._facts = resolve_device(self._core, device, self.properties)
+        # COMPILE mode: the device facts on a thread while this one reads a kept graph
+        # (and the keeper the IR): they are needed only before the first compile.
+        compiling = load_mode is LoadMode.COMPILE
+        self._facts: DeviceFacts | FactsOnAThread = (
+            FactsOnAThread(self._core, device, self.properties)
+            if compiling
+            else resolve_device(self._core, device, self.properties)
+        )
         # A store that is read-only here may be another user's: its memo is not read
         # (a planted digest would name another file's blobs); hashing is the fallback.
         self._memo = memo or DigestMemo(None if store.read_only else store.layout.digests)
@@ -220,39 +224,17 @@ class Compiler:
         # COMPILE mode: specialized graphs kept in the store's graphs/ folder (not in a
         # store that is read-only here: it may be another user's), so a warm start
         # reads the IR but neither prepares nor specializes it (compile/graphs.py).
-        self.shelf = GraphShelf(
-            store.layout.graphs if load_mode is LoadMode.COMPILE and not store.read_only else None
+        self.kept = GraphKeeper(
+            store.layout.graphs if compiling and not store.read_only else None,
+            model_dir.xml_path,
         )
-        self._ir_constants: dict[str, ov.Node] | None = None
-        self._ir_lock = threading.Lock()
-        self._shelving: list[threading.Thread] = []
-        if load_mode is LoadMode.COMPILE:
-            # The device facts (a probe compile) and the IR's read (for a kept graph's
-            # weights) on a thread, while this one finds and reads the kept graph: both
-            # are needed only before the first compile (``facts`` waits for them).
-            self._early = threading.Thread(target=self._early_work, name="ovspec-early")
-            self._early.daemon = True
-            self._early.start()
-
-    def _early_work(self) -> None:
-        if self.shelf.folder is not None:
-            with contextlib.suppress(Exception):  # read (and raise) again where needed
-                self._ir_weights()
-        try:
-            self._facts = resolve_device(self._core, self.device, self.properties)
-        except BaseException as exc:  # raised by ``facts``, in the caller's thread
-            self._facts_error = exc
 
     @property
     def facts(self) -> DeviceFacts:
         """What identifies the device in a key; raises ``DeviceError`` for a device or
         properties this machine cannot compile with."""
-        if self._facts is None:
-            if self._early is not None:
-                self._early.join()
-            if self._facts_error is not None:
-                raise self._facts_error
-            assert self._facts is not None
+        if isinstance(self._facts, FactsOnAThread):
+            self._facts = self._facts.result()
         return self._facts
 
     # -- the dynamic graph, prepared once -----------------------------------------
@@ -274,8 +256,8 @@ class Compiler:
                 return self._llm.roles
             if self._roles is not None:
                 return self._roles
-        if hint is not None and self.shelf.folder is not None:
-            kept = self.shelf.roles(self.graph_key(self.graph_spec(hint)))
+        if hint is not None and self.kept.shelf.folder is not None:
+            kept = self.kept.shelf.roles(self.graph_key(self.graph_spec(hint)))
             if kept is not None:
                 with self._llm_lock:
                     self._roles = self._roles or kept
@@ -520,19 +502,11 @@ class Compiler:
             }
         )
 
-    def _ir_weights(self) -> dict[str, ov.Node]:
-        """The IR's Constants by name, from one read of the IR (its .bin mapped once)."""
-        with self._ir_lock:
-            if self._ir_constants is None:
-                self._ir_constants = ir_constants(read_ir(self.model_dir.xml_path))
-            return self._ir_constants
-
     def _compile_kept(self, spec: Specialization) -> tuple[ov.CompiledModel, float]:
-        """COMPILE mode: ``spec``'s graph from the shelf if kept there, else specialized
-        from the IR, compiled, and then kept (on a thread: it is not on the way to the
-        first token)."""
-        key = self.graph_key(spec) if self.shelf.folder is not None else ""
-        kept = self.shelf.load(key, self._ir_weights) if key else None
+        """COMPILE mode: ``spec``'s graph from the store's graphs/ if kept there, else
+        specialized from the IR, compiled, and then kept."""
+        key = self.graph_key(spec) if self.kept.shelf.folder is not None else ""
+        kept = self.kept.load(key) if key else None
         self.facts  # noqa: B018 -- a device or property error comes before a compile
         if kept is not None:
             with self._llm_lock:
@@ -541,17 +515,8 @@ class Compiler:
         model = self.specialize(spec)
         compiled, compile_s = self._compile(spec, self.properties, model)
         if key:
-            thread = threading.Thread(
-                target=self._keep, args=(key, model), name="ovspec-shelf", daemon=False
-            )
-            thread.start()
-            with self._llm_lock:
-                self._shelving.append(thread)
+            self.kept.keep_later(key, model, lambda: self.llm().roles)
         return compiled, compile_s
-
-    def _keep(self, key: str, model: ov.Model) -> None:
-        lower_thread_priority()
-        self.shelf.save(key, model, self.llm().roles, self._ir_weights())
 
     def _compile(
         self, spec: Specialization, properties: Mapping[str, Any], model: ov.Model | None = None
@@ -586,8 +551,5 @@ class Compiler:
 
     def close(self) -> None:
         """Wait for graphs being kept, then release the digest memo."""
-        with self._llm_lock:
-            shelving, self._shelving = self._shelving, []
-        for thread in shelving:
-            thread.join()
+        self.kept.close()
         self._memo.close()

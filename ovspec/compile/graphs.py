@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
+from ovspec.compile.host import lower_thread_priority
 from ovspec.ir.roles import ModelRoles
+from ovspec.ir.specialize import read_ir
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +155,55 @@ class GraphShelf:
                 with contextlib.suppress(OSError):
                     part.unlink()
             return -1
+
+
+class GraphKeeper:
+    """One compiler's kept graphs: the shelf, one read of the IR for the weights (begun
+    on a thread at once: a warm start needs it while it reads the kept graph), and the
+    threads keeping newly specialized graphs (joined by ``close``)."""
+
+    def __init__(self, folder: Path | None, xml_path: Path) -> None:
+        self.shelf = GraphShelf(folder)
+        self._xml_path = xml_path
+        self._constants: dict[str, ov.Node] | None = None
+        self._lock = threading.Lock()
+        self._keeping: list[threading.Thread] = []
+        if folder is not None:
+            threading.Thread(target=self._read_early, daemon=True).start()
+
+    def _read_early(self) -> None:
+        with contextlib.suppress(Exception):  # read (and raise) again where needed
+            self.constants()
+
+    def constants(self) -> dict[str, ov.Node]:
+        """The IR's Constants by name, from one read of the IR (its .bin mapped once)."""
+        with self._lock:
+            if self._constants is None:
+                self._constants = ir_constants(read_ir(self._xml_path))
+            return self._constants
+
+    def load(self, key: str) -> KeptGraph | None:
+        return self.shelf.load(key, self.constants) if self.shelf.folder is not None else None
+
+    def keep_later(self, key: str, model: ov.Model, roles: Callable[[], ModelRoles]) -> None:
+        """Keep ``model`` on a thread of low priority (not on the way to a first token)."""
+        if self.shelf.folder is None:
+            return
+
+        def keep() -> None:
+            lower_thread_priority()
+            self.shelf.save(key, model, roles(), self.constants())
+
+        thread = threading.Thread(target=keep, name="ovspec-keep-graph")
+        thread.start()
+        with self._lock:
+            self._keeping.append(thread)
+
+    def close(self) -> None:
+        with self._lock:
+            keeping, self._keeping = self._keeping, []
+        for thread in keeping:
+            thread.join()
 
 
 def weights_of(model: ov.Model, ir: Mapping[str, ov.Node]) -> list[tuple[ov.Node, str]]:

@@ -296,11 +296,3 @@ def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
             replies.put({"error": str(exc)})
     compiler.close()
     store.close()
-
-
-def lower_thread_priority() -> None:
-    """Let the decode thread win the cores from this background thread (Linux:
-    per-thread nice 10). Best effort: a platform without per-thread priorities keeps
-    the default."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

@@ -24,7 +24,7 @@ import numpy as np
 import openvino as ov
 
 from ovspec.compile.compiler import Compiler, Program
-from ovspec.compile.split import lower_thread_priority
+from ovspec.compile.host import lower_thread_priority
 from ovspec.errors import CompileError, OvspecError
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder

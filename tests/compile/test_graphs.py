@@ -29,7 +29,7 @@ def generate(model_dir: Path, store: Store, tokens: int = 40) -> tuple[int, ...]
         store=store,
         prefill_chunk_tokens=8,
     ) as loader:
-        assert loader.compiler.shelf.folder == store.layout.graphs
+        assert loader.compiler.kept.shelf.folder == store.layout.graphs
         return decode(loader, PROMPT, max_new_tokens=tokens).token_ids
 
 
