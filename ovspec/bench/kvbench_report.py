@@ -158,6 +158,22 @@ def decode_boundaries_section(part2: Mapping[str, Any]) -> list[str]:
                 f"| {_ms(b['migration_s'])} | {b['copied_bytes']:,} | {b['moved_bytes']:,} "
                 f"| {_mib(b['peak_physical_bytes'])} |"
             )
+    quiet = part2.get("speed_pass_migration_s", {})
+    if quiet:
+        lines += [
+            "",
+            "In this first pass the loader compiles each successor in the background, beside "
+            "the boundaries. The speed passes load every graph before a rung's first step, "
+            "so nothing runs beside their boundaries; migration ms there, per arm over "
+            f"{sum(len(v) for v in quiet.get(REMAP, []))} boundaries: "
+            + "; ".join(
+                f"{arm} median {_ms(float(np.median(flat)))} (min–max "
+                f"{_ms(min(flat))}–{_ms(max(flat))})"
+                for arm in _ordered(quiet)
+                if (flat := [x for one_pass in quiet[arm] for x in one_pass])
+            )
+            + ".",
+        ]
     return lines
 
 
@@ -324,6 +340,14 @@ def results_document(
                 arm: [vars(r) for r in compare_bands(run, arm)] for arm in run.traces if arm != COPY
             },
             "agreement": run.agreement,
+            "speed_pass_migration_s": {
+                arm: [
+                    [b["migration_s"] for b in traces[arm].boundaries]
+                    for traces in run.speed_traces
+                ]
+                for arm in (COPY, REMAP)
+                if run.speed_traces
+            },
         },
     }
     safe: dict[str, Any] = json_safe(document)

@@ -117,6 +117,9 @@ class _Growth:
     moves: list[vmem.PageMove]
     arrays: dict[str, np.ndarray]
     tensors: dict[str, ov.Tensor]
+    full_moved_bytes: int  # what the moves carry when every old slot is live
+    allocated_bytes: int
+    reserved_bytes: int
     seconds: float
 
     def matches(self, from_capacity_tokens: int, to_capacity_tokens: int) -> bool:
@@ -221,6 +224,9 @@ class RemapKV(KVCache):
             moves,
             arrays,
             tensors,
+            self._moved_bytes(self.capacity_tokens),
+            self.bytes_for(capacity_tokens - self.capacity_tokens),
+            self.bytes_for(capacity_tokens),
             time.perf_counter() - began,
         )
 
@@ -272,23 +278,29 @@ class RemapKV(KVCache):
         if prepared is not None and prepared.matches(old_capacity, capacity_tokens):
             vmem.move_pages(prepared.moves)  # all or none
             self._arrays, self._tensors = prepared.arrays, prepared.tensors
-            moved = self._moved_bytes(live)
+            self.capacity_tokens = capacity_tokens
+            seconds = time.perf_counter() - began
+            full = live == old_capacity  # as at a boundary
+            moved = prepared.full_moved_bytes if full else self._moved_bytes(live)
+            allocated, reserved = prepared.allocated_bytes, prepared.reserved_bytes
         else:
             moves, moved = self._moves(old_capacity, capacity_tokens, live)
             vmem.move_pages(moves)
             self._arrays, self._tensors = self._views(capacity_tokens), {}
-        self.capacity_tokens = capacity_tokens
-        seconds = time.perf_counter() - began
+            self.capacity_tokens = capacity_tokens
+            seconds = time.perf_counter() - began
+            allocated = self.bytes_for(capacity_tokens - old_capacity)
+            reserved = self.bytes_for(capacity_tokens)
         return Migration(
             from_capacity_tokens=old_capacity,
             to_capacity_tokens=capacity_tokens,
             live_tokens=live,
             copied_bytes=0,
-            allocated_bytes=self.bytes_for(capacity_tokens - old_capacity),
+            allocated_bytes=allocated,
             seconds=seconds,
-            peak_reserved_bytes=self.bytes_for(capacity_tokens),  # one range, grown in place
+            peak_reserved_bytes=reserved,  # one range, grown in place
             moved_bytes=moved,
-            peak_physical_bytes=self._peak(self.spans()),
+            peak_physical_bytes=self._peak(self.spans()) if self.measure_physical else None,
         )
 
     def _moved_bytes(self, live: int) -> int:

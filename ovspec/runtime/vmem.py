@@ -37,6 +37,8 @@ _MAP_NORESERVE = 0x4000
 _MREMAP_MAYMOVE = 1
 _MREMAP_FIXED = 2
 _MREMAP_DONTUNMAP = 4  # Linux >= 5.7
+_MOVE = _MREMAP_MAYMOVE | _MREMAP_FIXED
+_MOVE_KEEPING_SOURCE = _MOVE | _MREMAP_DONTUNMAP
 _MADV_NOHUGEPAGE = 15
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 _GENERIC_ABI_MACHINES = frozenset({"x86_64", "amd64", "aarch64", "arm64", "riscv64"})
@@ -99,9 +101,8 @@ class _Libc:
         ``keep_source`` (MREMAP_DONTUNMAP) leaves the source range mapped and empty:
         it stays ours, so nothing else can be mapped into it before we are done.
         """
-        flags = _MREMAP_MAYMOVE | _MREMAP_FIXED | (_MREMAP_DONTUNMAP if keep_source else 0)
-        got = self._mremap(src, size_bytes, size_bytes, flags, dst)
-        if got is None or got == _MAP_FAILED or got != dst:
+        flags = _MOVE_KEEPING_SOURCE if keep_source else _MOVE
+        if self._mremap(src, size_bytes, size_bytes, flags, dst) != dst:  # MAP_FAILED, None
             raise _errno_error(f"mremap of {size_bytes} bytes {src:#x} -> {dst:#x}")
 
     def advise(self, addr: int, size_bytes: int, advice: int) -> None:

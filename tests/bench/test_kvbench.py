@@ -114,6 +114,9 @@ def test_lockstep_decode_and_the_page(tiny_dir: Path, tmp_path: Path) -> None:
     ):
         assert needle in page
     assert all(r["copied_bytes"] == 0 for r in document["part1"]["rows"] if r["arm"] == REMAP)
+    quiet = document["part2"]["speed_pass_migration_s"]
+    assert [len(one_pass) for one_pass in quiet[REMAP]] == [2]  # one speed pass, 2 boundaries
+    assert "over 2 boundaries: copy-and-grow median" in page
 
 
 def test_config_and_tool_refuse_bad_input(tmp_path: Path) -> None:
