@@ -3,10 +3,8 @@
 A ``Compiler`` prepares the dynamic graph once (read, compress, stateless), derives
 each specialization's key from named components, builds missing blobs into the
 store and imports blobs from memory-mapped files, or (``LoadMode.COMPILE``, CPU's
-default in ``ovspec.open``) compiles each graph from the prepared IR (or a graph kept in
-the store's graphs/, compile/graphs.py). It is thread-safe: the loader calls it from a
-background worker while the decode thread imports. Longer than 500 lines: both load
-modes share the keys, the roles and the IR's preparation kept here.
+default in ``ovspec.open``) compiles each graph from the prepared IR. It is thread-safe:
+the loader calls it from a background worker while the decode thread imports.
 """
 
 from __future__ import annotations
@@ -32,13 +30,11 @@ import openvino as ov
 from ovspec.compile.blobfile import FileSink, map_file
 from ovspec.compile.devices import (
     DeviceFacts,
-    FactsOnAThread,
     compiler_version,
     device_family,
     key_properties,
     resolve_device,
 )
-from ovspec.compile.graphs import GraphKeeper, graph_key
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
@@ -196,14 +192,7 @@ class Compiler:
         )
         self._compile_properties = {**self.properties, **blob_compile_properties(blob_mode)}
         self._core = ov.Core()
-        # COMPILE mode: the device facts on a thread while this one reads a kept graph
-        # (and the keeper the IR): they are needed only before the first compile.
-        compiling = load_mode is LoadMode.COMPILE
-        self._facts: DeviceFacts | FactsOnAThread = (
-            FactsOnAThread(self._core, device, self.properties)
-            if compiling
-            else resolve_device(self._core, device, self.properties)
-        )
+        self.facts: DeviceFacts = resolve_device(self._core, device, self.properties)
         # A store that is read-only here may be another user's: its memo is not read
         # (a planted digest would name another file's blobs); hashing is the fallback.
         self._memo = memo or DigestMemo(None if store.read_only else store.layout.digests)
@@ -221,21 +210,6 @@ class Compiler:
         # The device/host split (compile/split.py): a process on the host cores builds
         # each blob into the store; this compiler imports what it published.
         self.host_builder: HostBuilder | None = None
-        # COMPILE mode: specialized graphs kept in the store's graphs/ folder (not in a
-        # store that is read-only here: it may be another user's), so a warm start
-        # reads the IR but neither prepares nor specializes it (compile/graphs.py).
-        self.kept = GraphKeeper(
-            store.layout.graphs if compiling and not store.read_only else None,
-            model_dir.xml_path,
-        )
-
-    @property
-    def facts(self) -> DeviceFacts:
-        """What identifies the device in a key; raises ``DeviceError`` for a device or
-        properties this machine cannot compile with."""
-        if isinstance(self._facts, FactsOnAThread):
-            self._facts = self._facts.result()
-        return self._facts
 
     # -- the dynamic graph, prepared once -----------------------------------------
 
@@ -256,12 +230,6 @@ class Compiler:
                 return self._llm.roles
             if self._roles is not None:
                 return self._roles
-        if hint is not None and self.kept.shelf.folder is not None:
-            kept = self.kept.shelf.roles(self.graph_key(self.graph_spec(hint)))
-            if kept is not None:
-                with self._llm_lock:
-                    self._roles = self._roles or kept
-                    return self._roles
         if hint is not None:
             key = self.key(hint)
             try:
@@ -473,7 +441,7 @@ class Compiler:
             reused = compiled is not None
             compile_s = 0.0
             if compiled is None:
-                compiled, compile_s = self._compile_kept(target)
+                compiled, compile_s = self._compile(target, self.properties)
                 self._graphs[target] = compiled
                 log.debug("compiled %s from the IR in %.3f s", target.label, compile_s)
         outcome = BuildOutcome(
@@ -489,41 +457,11 @@ class Compiler:
         )
         return Program(spec, compiled, outcome, 0.0, np.empty(0, dtype=np.uint8), reused)
 
-    def graph_key(self, spec: Specialization) -> str:
-        """The name of ``spec``'s kept graph (no device facts: a graph is device-neutral)."""
-        return graph_key(
-            {
-                "ir_structure": self._memo.digest(self.model_dir.xml_path),
-                "weights": self._memo.digest(self.model_dir.bin_path),
-                "compression": self.compression.canonical,
-                "transforms": transforms_id(self.rewrites),
-                "specialization": spec.canonical,
-                "openvino": ov.get_version(),
-            }
-        )
-
-    def _compile_kept(self, spec: Specialization) -> tuple[ov.CompiledModel, float]:
-        """COMPILE mode: ``spec``'s graph from the store's graphs/ if kept there, else
-        specialized from the IR, compiled, and then kept."""
-        key = self.graph_key(spec) if self.kept.shelf.folder is not None else ""
-        kept = self.kept.load(key) if key else None
-        self.facts  # noqa: B018 -- a device or property error comes before a compile
-        if kept is not None:
-            with self._llm_lock:
-                self._roles = self._roles or kept.roles
-            return self._compile(spec, self.properties, kept.model)
-        model = self.specialize(spec)
-        compiled, compile_s = self._compile(spec, self.properties, model)
-        if key:
-            self.kept.keep_later(key, model, lambda: self.llm().roles)
-        return compiled, compile_s
-
     def _compile(
-        self, spec: Specialization, properties: Mapping[str, Any], model: ov.Model | None = None
+        self, spec: Specialization, properties: Mapping[str, Any]
     ) -> tuple[ov.CompiledModel, float]:
-        """``spec``'s graph (``model``, else specialized here) compiled with
-        ``properties``, and the compile's seconds."""
-        model = model if model is not None else self.specialize(spec)
+        """``spec``'s graph compiled with ``properties``, and the compile's seconds."""
+        model = self.specialize(spec)
         began = time.perf_counter()
         try:
             compiled = self._core.compile_model(model, self.device, dict(properties))
@@ -550,6 +488,4 @@ class Compiler:
         return compile_s, export_s, size
 
     def close(self) -> None:
-        """Wait for graphs being kept, then release the digest memo."""
-        self.kept.close()
         self._memo.close()

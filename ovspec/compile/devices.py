@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import io
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -260,29 +259,3 @@ def compiler_version(core: ov.Core, facts: DeviceFacts) -> str:
     # CPU/GPU compile inside the plugin: its build number names the compiler.
     build = core.get_versions(facts.device).get(facts.device)
     return str(build.build_number) if build is not None else "unknown"
-
-
-class FactsOnAThread:
-    """``resolve_device`` begun on a thread (it compiles probes: ~0.1 s); ``result``
-    waits for it and raises what it raised, in the caller's thread."""
-
-    def __init__(self, core: ov.Core, device: str, properties: Mapping[str, str]) -> None:
-        self._facts: DeviceFacts | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(core, device, dict(properties)), daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, core: ov.Core, device: str, properties: Mapping[str, str]) -> None:
-        try:
-            self._facts = resolve_device(core, device, properties)
-        except BaseException as exc:
-            self._error = exc
-
-    def result(self) -> DeviceFacts:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._facts is not None
-        return self._facts

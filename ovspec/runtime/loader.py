@@ -12,6 +12,7 @@ Every compile, import, hit and wait is an event with times relative to ``open``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -24,7 +25,6 @@ import numpy as np
 import openvino as ov
 
 from ovspec.compile.compiler import Compiler, Program
-from ovspec.compile.host import lower_thread_priority
 from ovspec.errors import CompileError, OvspecError
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
@@ -417,4 +417,11 @@ def warm_up(compiled: ov.CompiledModel) -> float:
 def _prepare_worker(cores: tuple[int, ...] | None) -> None:
     if cores is not None:
         os.sched_setaffinity(0, cores)  # Linux: this thread only
-    lower_thread_priority()  # background compiles yield the cores to the decode thread
+    _lower_priority()
+
+
+def _lower_priority() -> None:
+    """Let the decode thread win the cores from background compiles (Linux: per-thread
+    nice). Best effort: a platform without per-thread priorities keeps the default."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

@@ -38,10 +38,9 @@ LOCK_RE = re.compile(r"(?P<hex>[0-9a-f]{32})\.lock")
 STORE_LOCK_NAME = "store.lock"  # in locks/: serializes index recovery and migration
 # Folders the store creates: owner-only, whatever the umask (see ovspec/store/trust.py).
 FOLDER_MODE = 0o700
-# models/ (built-in models), digests/ (file-digest memo) and graphs/ (specialized graphs
-# kept for COMPILE mode, compile/graphs.py) belong to ovspec, not the index.
+# models/ (built-in models) and digests/ (file-digest memo) belong to ovspec, not the index.
 ROOT_NAMES = frozenset(
-    {"FORMAT", "index", "blobs", "tmp", "quarantine", "locks", "models", "digests", "graphs"}
+    {"FORMAT", "index", "blobs", "tmp", "quarantine", "locks", "models", "digests"}
 )
 
 
@@ -106,10 +105,6 @@ class StoreLayout:
     @property
     def digests(self) -> Path:
         return self.root / "digests"
-
-    @property
-    def graphs(self) -> Path:
-        return self.root / "graphs"
 
     @property
     def folders(self) -> tuple[Path, ...]:

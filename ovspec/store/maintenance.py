@@ -404,11 +404,10 @@ def clear(store: Store) -> int:
             remove_path(layout.locks / name)
     opening.remove_stale_temps(layout, time.time())
     store.index.reset_counters()
-    # Models written into the store, the digest memo and the kept graphs are derived
-    # data, made again on demand; remove_path never follows a link.
+    # Models written into the store and the digest memo are derived data, made again
+    # on demand; remove_path never follows a link.
     remove_path(layout.models)
     remove_path(layout.digests)
-    remove_path(layout.graphs)
     return removed
 
 
