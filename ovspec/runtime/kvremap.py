@@ -199,6 +199,15 @@ class RemapKV(KVCache):
             if successor is not None and successor <= self.max_capacity_tokens:
                 self.prepare_growth(successor)
 
+    def _check_remap_growth(self, capacity_tokens: int) -> None:
+        self._check_growth(capacity_tokens)
+        if capacity_tokens > self.max_capacity_tokens:
+            raise LadderError(
+                f"capacity {capacity_tokens} exceeds the remap maximum {self.max_capacity_tokens}"
+            )
+        if capacity_tokens % self._quantum:
+            check_ladder(self.roles, Ladder((capacity_tokens,)))  # raises, naming the fix
+
     def prepare_growth(self, capacity_tokens: int) -> None:
         """Build the growth to ``capacity_tokens`` now (its page moves, its views and
         tensors), so that the boundary only moves pages and swaps bindings.
@@ -207,13 +216,7 @@ class RemapKV(KVCache):
         ones): at a boundary every slot is live, and a move of pages nobody wrote only
         updates the page tables, so the plan stays right however many tokens come first.
         """
-        self._check_growth(capacity_tokens)
-        if capacity_tokens > self.max_capacity_tokens:
-            raise LadderError(
-                f"capacity {capacity_tokens} exceeds the remap maximum {self.max_capacity_tokens}"
-            )
-        if capacity_tokens % self._quantum:
-            check_ladder(self.roles, Ladder((capacity_tokens,)))  # raises, naming the fix
+        self._check_remap_growth(capacity_tokens)
         began = time.perf_counter()
         moves = self._moves(self.capacity_tokens, capacity_tokens, self.capacity_tokens)[0]
         arrays = self._views(capacity_tokens)
@@ -265,13 +268,7 @@ class RemapKV(KVCache):
         ]
 
     def grow(self, capacity_tokens: int) -> Migration:
-        self._check_growth(capacity_tokens)
-        if capacity_tokens > self.max_capacity_tokens:
-            raise LadderError(
-                f"capacity {capacity_tokens} exceeds the remap maximum {self.max_capacity_tokens}"
-            )
-        if capacity_tokens % self._quantum:
-            check_ladder(self.roles, Ladder((capacity_tokens,)))  # raises, naming the fix
+        self._check_remap_growth(capacity_tokens)
         old_capacity, live = self.capacity_tokens, self.live_tokens
         prepared, self._prepared = self._prepared, None
         began = time.perf_counter()
