@@ -19,9 +19,11 @@ import psutil
 
 from ovspec.bench.kvbench import COPY, DECODE_ARMS, DIRECT, PREFAULT, REMAP, check_remap_ladder
 from ovspec.errors import BadRequestError, TrialError
+from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import prefill_specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import KVCache, KVLayout, Prefault, make_kv
+from ovspec.runtime.loader import Loader
 from ovspec.stats.orders import williams_orders
 from ovspec.stats.paired import summarize_pairs
 
@@ -185,9 +187,9 @@ class _Lockstep:
     """One pass of the lockstep decode over fresh caches and sessions."""
 
     config: DecodeConfig
-    roles: Any
-    loader: Any
-    direct_loader: Any
+    roles: ModelRoles
+    loader: Loader
+    direct_loader: Loader
     prompt: list[int]
     forced: list[int]
     first: int

@@ -118,8 +118,6 @@ class _Growth:
     arrays: dict[str, np.ndarray]
     tensors: dict[str, ov.Tensor]
     full_moved_bytes: int  # what the moves carry when every old slot is live
-    allocated_bytes: int
-    reserved_bytes: int
     seconds: float
 
     def matches(self, from_capacity_tokens: int, to_capacity_tokens: int) -> bool:
@@ -228,8 +226,6 @@ class RemapKV(KVCache):
             arrays,
             tensors,
             self._moved_bytes(self.capacity_tokens),
-            self.bytes_for(capacity_tokens - self.capacity_tokens),
-            self.bytes_for(capacity_tokens),
             time.perf_counter() - began,
         )
 
@@ -279,23 +275,20 @@ class RemapKV(KVCache):
             seconds = time.perf_counter() - began
             full = live == old_capacity  # as at a boundary
             moved = prepared.full_moved_bytes if full else self._moved_bytes(live)
-            allocated, reserved = prepared.allocated_bytes, prepared.reserved_bytes
         else:
             moves, moved = self._moves(old_capacity, capacity_tokens, live)
             vmem.move_pages(moves)
             self._arrays, self._tensors = self._views(capacity_tokens), {}
             self.capacity_tokens = capacity_tokens
             seconds = time.perf_counter() - began
-            allocated = self.bytes_for(capacity_tokens - old_capacity)
-            reserved = self.bytes_for(capacity_tokens)
         return Migration(
             from_capacity_tokens=old_capacity,
             to_capacity_tokens=capacity_tokens,
             live_tokens=live,
             copied_bytes=0,
-            allocated_bytes=allocated,
+            allocated_bytes=self.bytes_for(capacity_tokens - old_capacity),
             seconds=seconds,
-            peak_reserved_bytes=reserved,  # one range, grown in place
+            peak_reserved_bytes=self.bytes_for(capacity_tokens),  # one range, grown in place
             moved_bytes=moved,
             peak_physical_bytes=self._peak(self.spans()) if self.measure_physical else None,
         )

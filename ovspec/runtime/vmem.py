@@ -77,8 +77,6 @@ class _Libc:
         lib.mmap.argtypes = [vp, size, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         lib.munmap.restype = ctypes.c_int
         lib.munmap.argtypes = [vp, size]
-        lib.mremap.restype = vp
-        lib.mremap.argtypes = [vp, size, size, ctypes.c_int, vp]
         lib.madvise.restype = ctypes.c_int
         lib.madvise.argtypes = [vp, size, ctypes.c_int]
         self._lib = lib
