@@ -64,6 +64,52 @@ def test_specialized_shapes_are_static(qwen2_dir: Path) -> None:
     assert llm.model.is_dynamic()
 
 
+def test_specializing_skips_smart_reshape(
+    fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shapes are set and inferred directly: ``Model.reshape`` (whose SmartReshape passes
+    were ~90% of a specialization's time) is not called for an IR that infers."""
+    llm = load_llm(fixture_dir)
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("Model.reshape called")
+
+    monkeypatch.setattr(ov.Model, "reshape", refuse)
+    decode = llm.specialize(Specialization.decode(64))
+    assert not decode.is_dynamic()
+    assert list(decode.input("attention_mask").get_shape()) == [1, 65]
+
+
+def test_specializing_falls_back_to_model_reshape(
+    qwen2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where shape inference alone fails, ``Model.reshape`` (with SmartReshape) runs, and
+    its graph is the static one asked for."""
+    import ovspec.ir.specialize as specialize
+
+    llm = load_llm(qwen2_dir)
+    calls: list[object] = []
+    reshape = ov.Model.reshape
+
+    def counted(model: ov.Model, *args: object) -> None:
+        calls.append(args)
+        reshape(model, *args)
+
+    def fail_after_setting(model: ov.Model, shapes: dict[str, ov.PartialShape]) -> bool:
+        for parameter in model.get_parameters():
+            parameter.set_partial_shape(
+                ov.PartialShape([7] * parameter.get_partial_shape().rank.get_length())
+            )
+        return False
+
+    monkeypatch.setattr(specialize, "_set_input_shapes", fail_after_setting)
+    monkeypatch.setattr(ov.Model, "reshape", counted)
+    decode = llm.specialize(Specialization.decode(64))
+    assert len(calls) == 1
+    assert list(decode.input("past_key_values.0.key").get_shape()) == [1, 2, 64, 16]
+    assert list(decode.input("input_ids").get_shape()) == [1, 1]
+
+
 @pytest.mark.parametrize("layout", ["copy-and-grow", "shared-max"])
 def test_reference_run_reproduced_across_boundaries(fixture_dir: Path, layout: str) -> None:
     """The shipped greedy reference (64 steps) through rungs 32 -> 64 -> 128."""
