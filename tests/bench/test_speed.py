@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ovspec.bench.pages import render_saved, write_page
 from ovspec.bench.speed import PAGE, SpeedConfig, band_ms, run_speed, summarize
+from ovspec.bench.speed_arm import MemorySampler
 from ovspec.errors import BadRequestError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder
@@ -77,3 +79,20 @@ def test_a_tiny_run_renders_its_page(tmp_path: Path) -> None:
     text = page.read_text(encoding="utf-8")
     assert "| `ovspec-warm` |" in text and "## Targets (issue 9)" in text
     assert render_saved(tmp_path / "pages", PAGE) == text  # the page is its results, rendered
+
+
+def test_memory_sampler_walks_page_tables_only_as_memory_grows() -> None:
+    """PSS (a page-table walk, ~22 ms at 3 GiB) is read when the resident set grew by a
+    step since the last reading, not at every 50 ms sample; the peaks follow growth."""
+    sampler = MemorySampler()
+    sampler.sample()
+    assert sampler.pss_reads == 1
+    before_pss, before_anon = sampler.peak_pss_mib, sampler.peak_anon_mib
+    sampler.sample()
+    assert sampler.pss_reads == 1
+    block = np.ones(int(2 * sampler.PSS_STEP_MIB * 2**20) // 8)  # touched: resident
+    sampler.sample()
+    assert sampler.pss_reads == 2
+    assert sampler.peak_anon_mib >= before_anon + 1.5 * sampler.PSS_STEP_MIB
+    assert sampler.peak_pss_mib >= before_pss + 1.5 * sampler.PSS_STEP_MIB
+    del block
