@@ -58,7 +58,7 @@ class MemorySampler(threading.Thread):
         self.peak_anon_mib = 0.0
         self.pss_reads = 0
         self._rss_at_pss_mib = -self.PSS_STEP_MIB
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def read_pss(self) -> None:
         self.pss_reads += 1
@@ -76,11 +76,11 @@ class MemorySampler(threading.Thread):
             self.read_pss()
 
     def run(self) -> None:
-        while not self._stop.wait(0.05):
+        while not self._done.wait(0.05):
             self.sample()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.sample()
         self.read_pss()
 
