@@ -93,10 +93,13 @@ def render_page(results: Mapping[str, Any]) -> str:
         )
     lines += [
         "",
-        "VmHWM is the high-water RSS (`ru_maxrss`); it counts a shared page of the mapped",
-        "`.bin` once per mapping. PSS counts it once; private is RssAnon. The eager arm",
-        f"generates {config['short_tokens']} tokens: it is there for its memory (every rung",
-        "compiled before the prompt).",
+        "VmHWM is the high-water RSS (`/proc/self/status`); it counts a shared page of the",
+        "mapped `.bin` once per mapping. PSS counts it once; private is RssAnon. The eager",
+        f"arm generates {config['short_tokens']} tokens: it is there for its memory (every",
+        "rung compiled before the prompt). Each run samples its RssAnon every 50 ms and its",
+        "PSS only as memory grows: a PSS read walks every page table (~22 ms at 3 GiB), and",
+        "pages before 2026-12-01 read it every 50 ms, a third of a core taken from the arm",
+        "being timed (genai's step 71-78 ms with it, 49-53 ms without; DESIGN.md §10.15).",
         "",
         "## Targets (issue 9)",
         "",
