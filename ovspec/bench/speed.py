@@ -61,7 +61,9 @@ ARMS: dict[str, Arm] = {
         Arm("ovspec-warm", "ovspec", store="kept"),
         Arm("ovspec-import-warm", "ovspec", store="kept", load_mode="import"),
         Arm("ovspec-import-cold", "ovspec", store="fresh", load_mode="import"),
-        Arm("ovspec-eager", "ovspec", store="kept", policy="eager", short=True),
+        # Every rung compiled before the prompt: its bands are the rungs' own decode,
+        # with no successor compiling on the same cores (one-ahead's bands have one).
+        Arm("ovspec-eager", "ovspec", store="kept", policy="eager"),
     )
 }
 DEFAULT_ARMS = ("genai", "ovspec-cold", "ovspec-warm", "ovspec-import-warm", "ovspec-eager")
