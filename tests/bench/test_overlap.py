@@ -204,7 +204,7 @@ def test_a_tiny_run_end_to_end(tiny_dir: Path, tmp_path: Path) -> None:
         model=ModelDir.open(tiny_dir),
         model_name="tiny",
         ladder=Ladder.parse("32,64"),
-        prompt_tokens=8,
+        prompt_tokens=12,  # the 32 -> 64 boundary falls inside pair 2 (steps 17-24)
         new_tokens=48,
         decodes=1,
         slot_steps=4,
