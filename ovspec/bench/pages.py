@@ -24,6 +24,7 @@ from ovspec.errors import BadRequestError
 RENDERERS: dict[str, str] = {
     "bench": "ovspec.bench.bench_page:render",
     "kv": "ovspec.bench.kvbench_report:render",
+    "overlap": "ovspec.bench.overlap:render",
     "remote": "ovspec.bench.remote_bench:render",
     "speed": "ovspec.bench.speed:render",
     "sweep": "ovspec.bench.sweep:render",
