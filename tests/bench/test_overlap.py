@@ -220,7 +220,11 @@ def test_a_tiny_run_end_to_end(tiny_dir: Path, tmp_path: Path) -> None:
         # 48 steps = 6 pairs of 4-step slots; one holds the 32 -> 64 boundary.
         assert len(entry["pairs"]) == 5
         assert entry["on_s"] > 0
-        assert entry["background_cpu_s"] > 0  # the load really ran while on
+        assert entry["background_cpu_s"] >= 0
+    # The loads really ran while on. CPU time is counted in 10 ms ticks and one load's
+    # on-slots here last a few tens of ms, so one load alone may show 0 (seen once in
+    # CI); all three together do not.
+    assert sum(document["loads"][n]["background_cpu_s"] for n in config.loads) > 0
     assert "| memcpy | 5 |" in overlap.render(document)
     assert list(tmp_path.iterdir()) == []  # scratch removed
 
