@@ -42,7 +42,6 @@ class Arm:
     store: str = ""  # "fresh" per run, "kept" across runs (primed once), "" (none)
     policy: str = "one_ahead"
     load_mode: str = ""  # "" = the device's default
-    short: bool = False  # a memory-only run: a few tokens
 
     @property
     def description(self) -> str:
@@ -78,7 +77,6 @@ class SpeedConfig:
     new_tokens: int = 1000
     repetitions: int = 3
     arms: tuple[str, ...] = DEFAULT_ARMS
-    short_tokens: int = 8
     prefill_chunk_tokens: int = 128
     seed: int = 0
 
@@ -150,7 +148,7 @@ def run_speed(
             arm=arm.runner,
             model_dir=str(model_dir),
             prompt_ids=prompt,
-            new_tokens=config.short_tokens if arm.short else config.new_tokens,
+            new_tokens=config.new_tokens,
             properties=props,
             ladder=str(config.ladder),
             store_dir=str(store or ""),
@@ -185,7 +183,6 @@ def run_speed(
             "ladder": str(config.ladder),
             "prompt_tokens": config.prompt_tokens,
             "new_tokens": config.new_tokens,
-            "short_tokens": config.short_tokens,
             "repetitions": config.repetitions,
             "prefill_chunk_tokens": config.prefill_chunk_tokens,
             # A list, not a mapping: the saved results sort mapping keys.

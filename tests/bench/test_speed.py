@@ -66,7 +66,6 @@ def test_a_tiny_run_renders_its_page(tmp_path: Path) -> None:
         new_tokens=30,
         repetitions=1,
         arms=("genai", "ovspec-warm", "ovspec-eager"),
-        short_tokens=4,
         prefill_chunk_tokens=8,
     )
     results = run_speed(config, EXACT_CPU_PROPERTIES)
