@@ -176,6 +176,11 @@ def _libc() -> _Libc:
     return _kernel().libc
 
 
+def advise(addr: int, size_bytes: int, advice: int) -> None:
+    """``madvise(addr, size_bytes, advice)``; raises ``MappingError`` with the errno."""
+    _libc().advise(addr, size_bytes, advice)
+
+
 def populate_write_supported() -> bool:
     """Whether pre-faulting runs in the kernel (MADV_POPULATE_WRITE) rather than memset."""
     return unsupported_reason() is None and _kernel().populate_write
