@@ -101,6 +101,10 @@ def render_page(results: Mapping[str, Any]) -> str:
         "PSS only as memory grows: a PSS read walks every page table (~22 ms at 3 GiB), and",
         "pages before 2026-12-01 read it every 50 ms, a third of a core taken from the arm",
         "being timed (genai's step 71-78 ms with it, 49-53 ms without; DESIGN.md §10.15).",
+        "Since 2026-12-01 (s19) ovspec drops the mapped `.bin`'s pages from its resident set",
+        "once its CPU graphs have packed their weights (`runtime/residency.py`): RSS and PSS",
+        "then hold the packed weights, not the file's pages as well; private memory is",
+        "unchanged by it.",
         "",
         "## Targets (issue 9)",
         "",
@@ -140,9 +144,11 @@ def _targets(summary: Mapping[str, Any], bands: list[str]) -> list[str]:
     if warm is not None:
         rss = warm["vm_hwm_mib"] / genai["vm_hwm_mib"]
         pss = warm["peak_pss_mib"] / genai["peak_pss_mib"]
+        private = warm["peak_anon_mib"] / genai["peak_anon_mib"]
         out.append(
             f"- one-ahead peak RSS ≤ {RSS_TARGET}× genai: VmHWM {rss:.2f}×, PSS {pss:.2f}× — "
-            f"**{'met' if rss <= RSS_TARGET else 'not met'}**"
+            f"**{'met' if max(rss, pss) <= RSS_TARGET else 'not met'}**; private memory "
+            f"{private:.2f}× genai's (two rungs' packed weights at a boundary)"
         )
         start = warm["first_token_s"] / genai["first_token_s"]
         verdict = "met" if start <= 1 else "not met"
