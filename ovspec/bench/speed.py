@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ovspec.bench.speed_arm import RESULT_PREFIX, ArmRequest
+from ovspec.bench.speed_stats import band_ms
 from ovspec.errors import BadRequestError, TrialError
 from ovspec.ladder import Ladder
 
@@ -211,18 +212,6 @@ def _plain(value: Any) -> Any:
     from dataclasses import asdict, is_dataclass
 
     return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
-
-
-def band_ms(token_s: Sequence[float], prompt_tokens: int, band: tuple[int, int]) -> float | None:
-    """Mean ms per decode step whose live context (KV tokens before it) is in ``band``.
-    Step i (i >= 1) emits token i with ``prompt + i - 1`` tokens already in the KV."""
-    lo, hi = band
-    steps = [
-        token_s[i] - token_s[i - 1]
-        for i in range(1, len(token_s))
-        if lo <= prompt_tokens + i - 1 < hi
-    ]
-    return 1000.0 * statistics.fmean(steps) if steps else None
 
 
 def summarize(

@@ -2,13 +2,16 @@
 
 Owns the page's wording: the command, the machine, the per-band table with ratios to
 genai, the start and memory table, and the issue's targets checked against the figures.
-Pure (no OpenVINO): the page is regenerated from the saved results.
+Pure (no OpenVINO): the page is regenerated from the saved results, the paired ratios
+from the saved runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from ovspec.bench.speed_stats import paired_band_ratios
 
 COMMAND = "python tools/bench_speed.py"
 DECODE_TARGET = 1.10  # ovspec/genai ms per token, every band
@@ -77,6 +80,9 @@ def render_page(results: Mapping[str, Any]) -> str:
         "",
         "A band holds the decode steps whose KV held that many tokens before the step; a",
         "boundary step (migration, and any wait for the next rung) counts in its band.",
+    ]
+    lines += _paired_table(results, arms, bands)
+    lines += [
         "",
         "## Start and memory",
         "",
@@ -111,6 +117,39 @@ def render_page(results: Mapping[str, Any]) -> str:
     ]
     lines += _targets(summary, bands)
     return "\n".join(lines) + "\n"
+
+
+def _paired_table(results: Mapping[str, Any], arms: list[str], bands: list[str]) -> list[str]:
+    """Ratios to genai paired by repetition, from the saved runs' token times."""
+    config, runs = results["config"], results.get("runs") or []
+    paired = {
+        name: paired_band_ratios(runs, name, config["prompt_tokens"], config["bands"])
+        for name in arms
+        if name != "genai"
+    }
+    rows = [n for n, figs in paired.items() if any(figs.values())]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Paired by repetition (the arms of one repetition run back to back, so the VM's",
+        "drift between repetitions cancels): geometric mean of the per-repetition ratios",
+        "to genai, with a paired-t 95% interval over their logs.",
+        "",
+        "| arm | " + " | ".join(bands) + " |",
+        "|---|" + "---|" * len(bands),
+    ]
+    for name in rows:
+        cells = []
+        for band in bands:
+            fig = paired[name].get(band)
+            cells.append(
+                "–"
+                if fig is None
+                else f"{fig['ratio']:.2f}× [{fig['ci'][0]:.2f}, {fig['ci'][1]:.2f}]"
+            )
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _loads(value: Any) -> str:

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from ovspec.bench.pages import render_saved, write_page
-from ovspec.bench.speed import PAGE, SpeedConfig, band_ms, run_speed, summarize
+from ovspec.bench.speed import PAGE, SpeedConfig, run_speed, summarize
 from ovspec.bench.speed_arm import MemorySampler
+from ovspec.bench.speed_stats import band_ms, paired_band_ratios
 from ovspec.errors import BadRequestError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder
@@ -48,6 +49,25 @@ def test_summary_ratios_and_token_check() -> None:
     assert summary["ovspec-warm"]["tokens_identical"] is True
     assert summary["ovspec-cold"]["tokens_identical"] is False
     assert summary["genai"]["first_token_s"] == 1.0
+
+
+def test_paired_ratios_cancel_a_drift_shared_within_a_repetition() -> None:
+    # The VM runs at another speed in each repetition; ovspec takes 1.19-1.21x genai's
+    # time within each. Steps of 10 ms x drift (genai) and x drift x ratio (ovspec).
+    drifts, ratios = [1.0, 1.6, 0.7, 1.3], [1.19, 1.21, 1.2, 1.2]
+    runs = []
+    for rep, (drift, ratio) in enumerate(zip(drifts, ratios, strict=True)):
+        for arm, scale in (("genai", drift), ("ovspec-eager", drift * ratio)):
+            times = [1.0 + 0.01 * scale * i for i in range(5)]
+            runs.append(run(arm, times, [5, 6, 7, 8, 9], rep))
+    paired = paired_band_ratios(runs, "ovspec-eager", 2, [(2, 6)])["2-6"]
+    assert paired is not None
+    assert paired["per_repetition"] == pytest.approx(ratios)
+    assert paired["ratio"] == pytest.approx(1.2, abs=0.002)
+    assert paired["ci"][0] < 1.2 < paired["ci"][1] and paired["ci"][1] - paired["ci"][0] < 0.05
+    # A band nobody reached, or one repetition only, gives no interval.
+    assert paired_band_ratios(runs, "ovspec-eager", 2, [(50, 60)])["50-60"] is None
+    assert paired_band_ratios(runs[:2], "ovspec-eager", 2, [(2, 6)])["2-6"] is None
 
 
 def test_config_refuses_what_cannot_run(tmp_path: Path) -> None:
