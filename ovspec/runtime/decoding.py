@@ -112,6 +112,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         mode = LoadMode.IMPORT
         properties = {THREADS_PROPERTY: str(len(cores.device)), **properties}
     mode = mode or default_load_mode(device)
+    trim = _trims_weight_pages(trim_weight_pages, device, mode)
     rewrite_set = RewriteSet.parse(rewrites) if isinstance(rewrites, str) else rewrites
     owns_store = not isinstance(store, Store)
     if isinstance(store, Store):
@@ -141,6 +142,13 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
             choose_layout(
                 kv_layout, compiler.roles(Specialization.decode(ladder.top_tokens)), ladder
             )
+        # Started with the loader; stopped first when it closes, while the compiler
+        # still holds the weight its anchor points into.
+        trimmer = (
+            WeightPageTrimmer.for_weights(model_dir.bin_path, compiler.mapped_weights_address)
+            if trim
+            else None
+        )
     except BaseException:
         if owns_store:
             opened.close()
@@ -148,9 +156,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     on_close: list[Callable[[], None]] = [compiler.close]
     if owns_store:
         on_close.append(opened.close)
-    if _trims_weight_pages(trim_weight_pages, device, mode):
-        trimmer = WeightPageTrimmer.for_file(model_dir.bin_path)
-        trimmer.start()
+    if trimmer is not None:
         on_close.insert(0, trimmer.stop)
     pin_threads: Callable[[], None] | None = None
     if cores is not None:
@@ -162,18 +168,26 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
             for callback in on_close:
                 callback()
             raise
-    return Loader(
-        compiler,
-        ladder,
-        policy,
-        prefill_chunk_tokens=prefill_chunk_tokens,
-        window_plan=window_plan,
-        on_close=on_close,
-        origin_s=origin_s,
-        kv_layout=kv_layout,
-        worker_cores=cores.host if cores is not None else None,
-        pin_threads=pin_threads,
-    )
+    try:
+        loader = Loader(
+            compiler,
+            ladder,
+            policy,
+            prefill_chunk_tokens=prefill_chunk_tokens,
+            window_plan=window_plan,
+            on_close=on_close,
+            origin_s=origin_s,
+            kv_layout=kv_layout,
+            worker_cores=cores.host if cores is not None else None,
+            pin_threads=pin_threads,
+        )
+    except BaseException:
+        for callback in on_close:
+            callback()
+        raise
+    if trimmer is not None:
+        trimmer.start()
+    return loader
 
 
 def _trims_weight_pages(asked: bool | None, device: str, mode: LoadMode) -> bool:

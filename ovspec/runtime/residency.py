@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ovspec.errors import MappingError
@@ -22,21 +23,32 @@ from ovspec.runtime import vmem
 log = logging.getLogger(__name__)
 
 MADV_DONTNEED = 4  # Linux, every ABI
+MAX_STEP_MIB = 16.0
+MIN_STEP_MIB = 0.25
 
 
-def read_only_mappings(path: Path, maps_text: str) -> list[tuple[int, int]]:
-    """(address, bytes) of each mapping of ``path`` in ``maps_text`` (the format of
-    ``/proc/PID/maps``) that no one can write through: dropping the pages of a written
-    private mapping would lose the writes, so those are never returned."""
-    wanted = os.path.realpath(path)
-    spans = []
+@dataclass(frozen=True)
+class MappedRange:
+    """One line of ``/proc/PID/maps``."""
+
+    address: int
+    size_bytes: int
+    writable: bool
+    path: str  # "" for an anonymous mapping
+
+
+def mapping_at(address: int, maps_text: str) -> MappedRange | None:
+    """The mapping holding ``address`` in ``maps_text`` (the format of ``/proc/PID/maps``;
+    a path may hold spaces: it is the line's whole tail)."""
     for line in maps_text.splitlines():
         fields = line.split(maxsplit=5)
-        if len(fields) < 6 or fields[5] != wanted or "w" in fields[1]:
+        if len(fields) < 5:
             continue
         low, high = (int(x, 16) for x in fields[0].split("-"))
-        spans.append((low, high - low))
-    return spans
+        if low <= address < high:
+            path = fields[5] if len(fields) == 6 else ""
+            return MappedRange(low, high - low, "w" in fields[1], path)
+    return None
 
 
 def file_rss_mib() -> float:
@@ -52,29 +64,41 @@ def file_rss_mib() -> float:
 
 
 class WeightPageTrimmer(threading.Thread):
-    """Drops the pages of ``paths``' read-only mappings from this process's resident set
-    every time ``RssFile`` has grown by ``step_mib`` since the last drop (polled every
-    ``poll_s``: a read of ``/proc/self/status``, ~0.1 ms). While a graph packs its weights
-    the file pages come and go ``step_mib`` at a time; while it decodes nothing grows and
-    nothing is dropped."""
+    """Drops the pages of the mapping of ``weights_path`` that holds ``anchor()`` (the
+    address of one weight the caller keeps alive until ``stop``: so that mapping cannot
+    be unmapped, nor its address reused, while this thread advises it) every time
+    ``RssFile`` has grown by ``step_mib`` since its lowest reading after the last drop
+    (polled every ``poll_s``: a read of ``/proc/self/status``, ~0.1 ms). The mapping must
+    be read-only: dropping a written private page would lose the write.
 
-    def __init__(self, paths: Sequence[Path], poll_s: float = 0.05, step_mib: float = 16.0):
+    While a graph packs its weights the file pages come and go ``step_mib`` at a time;
+    while it decodes nothing grows and nothing is dropped. Only this loader's mapping is
+    advised, never another mapping of the same file (another loader may unmap its own).
+    """
+
+    def __init__(
+        self,
+        weights_path: Path,
+        anchor: Callable[[], int | None],
+        poll_s: float = 0.05,
+        step_mib: float = MAX_STEP_MIB,
+    ) -> None:
         super().__init__(name="ovspec-weight-pages", daemon=True)
-        self.paths = [Path(p) for p in paths]
+        self.weights_path = os.path.realpath(weights_path)
+        self.anchor = anchor
         self.poll_s = poll_s
         self.step_mib = step_mib
         self.drops = 0
-        self.dropped_bytes = 0  # the mappings' sizes advised, not pages that were resident
+        self.dropped_bytes = 0  # the mapping's size at each drop, not pages that were resident
         self._done = threading.Event()
-        self._lock = threading.Lock()
         self._baseline_mib = file_rss_mib()
 
     @classmethod
-    def for_file(cls, path: Path) -> WeightPageTrimmer:
-        """A trimmer for one weights file, dropping at an eighth of its size (at most
-        16 MiB): a small model's file is trimmed too."""
-        step_mib = min(16.0, path.stat().st_size / 8 / 2**20)
-        return cls([path], step_mib=step_mib)
+    def for_weights(cls, weights_path: Path, anchor: Callable[[], int | None]) -> WeightPageTrimmer:
+        """A trimmer dropping at an eighth of the file (16 MiB at most, 0.25 at least):
+        a small model's file is trimmed too."""
+        eighth_mib = weights_path.stat().st_size / 8 / 2**20
+        return cls(weights_path, anchor, step_mib=min(MAX_STEP_MIB, max(eighth_mib, MIN_STEP_MIB)))
 
     @staticmethod
     def unsupported_reason() -> str | None:
@@ -82,26 +106,33 @@ class WeightPageTrimmer(threading.Thread):
         return vmem.unsupported_reason()
 
     def drop(self) -> int:
-        """Drop the mapped pages now; returns the bytes of mapping advised."""
+        """Drop the mapping's pages now; returns the bytes advised (0 when the anchor is not
+        set yet, or lies outside a read-only mapping of the weights file: e.g. a weight
+        compression rewrote into private memory)."""
+        address = self.anchor()
+        if address is None:
+            return 0
         with open("/proc/self/maps") as f:
-            maps_text = f.read()
-        spans = [s for p in self.paths for s in read_only_mappings(p, maps_text)]
-        with self._lock:
-            for addr, size in spans:
-                vmem.advise(addr, size, MADV_DONTNEED)
-            self.drops += 1
-            self.dropped_bytes += sum(size for _, size in spans)
-            self._baseline_mib = file_rss_mib()
-        return sum(size for _, size in spans)
+            found = mapping_at(address, f.read())
+        if found is None or found.writable or found.path != self.weights_path:
+            return 0
+        vmem.advise(found.address, found.size_bytes, MADV_DONTNEED)
+        self.drops += 1
+        self.dropped_bytes += found.size_bytes
+        return found.size_bytes
 
     def run(self) -> None:
         while not self._done.wait(self.poll_s):
-            if file_rss_mib() >= self._baseline_mib + self.step_mib:
-                try:
-                    self.drop()
-                except (OSError, MappingError) as exc:
-                    log.warning("stopped dropping the weights' pages: %s", exc)
-                    return
+            now_mib = file_rss_mib()
+            self._baseline_mib = min(self._baseline_mib, now_mib)
+            if now_mib < self._baseline_mib + self.step_mib:
+                continue
+            try:
+                self.drop()
+            except (OSError, MappingError) as exc:
+                log.warning("stopped dropping the weights' pages: %s", exc)
+                return
+            self._baseline_mib = file_rss_mib()
 
     def stop(self) -> None:
         self._done.set()
