@@ -30,7 +30,9 @@ from ovspec.ir.roles import ModelRoles, discover_roles, kv_past_parameter
 #          3 — the rewrites of ir/rewrites.py (split attention, last-position LM head,
 #              live-tokens state; which ones is the key's "rewrites" component), and a
 #              live-tokens prefill graph takes a chunk of 1..P tokens (issue 9, 2026-12).
-TRANSFORMS_VERSION = 3
+#          4 — split attention merges the chunk's scores into the past block's softmax;
+#              only the first layer keeps its chunk SDPA (issue 9, 2026-12-01).
+TRANSFORMS_VERSION = 4
 
 
 def transforms_id(rewrites: RewriteSet | None = None) -> str:
