@@ -153,15 +153,6 @@ def prepare_model(model_dir: ModelDir, compression: Compression) -> DynamicLLM:
     return prepare(compression.apply(read_ir(model_dir.xml_path)))
 
 
-def largest_weight_address(model: ov.Model) -> int | None:
-    """The data address of ``model``'s largest Constant (None without one)."""
-    constants = [op for op in model.get_ordered_ops() if op.get_type_name() == "Constant"]
-    if not constants:
-        return None
-    largest = max(constants, key=lambda op: op.get_byte_size())
-    return int(largest.data.ctypes.data)  # a view: no copy of the weight
-
-
 class Compiler:
     """Builds and imports the specializations of one model on one device."""
 
@@ -206,8 +197,6 @@ class Compiler:
         # (a planted digest would name another file's blobs); hashing is the fallback.
         self._memo = memo or DigestMemo(None if store.read_only else store.layout.digests)
         self._llm = llm  # prepared by the caller (already validated), else on first use
-        self._weights_address: int | None = None
-        self._weights_address_known = False
         self._roles: ModelRoles | None = None  # from a stored blob's metadata
         self._llm_lock = threading.Lock()
         self._static_values: dict[str, str] | None = None
@@ -228,17 +217,13 @@ class Compiler:
         with self._llm_lock:
             if self._llm is None:
                 self._llm = prepare_model(self.model_dir, self.compression)
-            if not self._weights_address_known:
-                # Here, before another thread can clone the graph while it is walked.
-                self._weights_address = largest_weight_address(self._llm.model)
-                self._weights_address_known = True
             return self._llm
 
     def mapped_weights_address(self) -> int | None:
-        """The address of the prepared model's largest weight, or None before ``llm``
-        has prepared it. Read from a file, it lies in OpenVINO's mapping of the ``.bin``;
-        the compiler keeps the model, so the address stays valid until ``close``."""
-        return self._weights_address
+        """Where the prepared model's largest weight lies (None before ``llm`` ran); the
+        compiler keeps the model, so the address stays valid until ``close``."""
+        llm = self._llm
+        return llm.weights_address if llm is not None else None
 
     def roles(self, hint: Specialization | None = None) -> ModelRoles:
         """The model's roles: from the prepared graph if it is in memory, else from the

@@ -108,6 +108,9 @@ class DynamicLLM:
     model: ov.Model
     roles: ModelRoles
     normalized: NormalizeReport = field(default_factory=NormalizeReport)
+    # The data address of the largest Constant: read from a file, it lies in OpenVINO's
+    # mapping of the .bin, which lives as long as the model (runtime/residency.py).
+    weights_address: int | None = None
 
     @property
     def vocab_tokens(self) -> int | None:
@@ -188,6 +191,15 @@ def _set_input_shapes(model: ov.Model, shapes: Mapping[str, ov.PartialShape]) ->
     return True
 
 
+def largest_weight_address(model: ov.Model) -> int | None:
+    """The data address of ``model``'s largest Constant (None without one)."""
+    constants = [op for op in model.get_ordered_ops() if op.get_type_name() == "Constant"]
+    if not constants:
+        return None
+    largest = max(constants, key=lambda op: op.get_byte_size())
+    return int(largest.data.ctypes.data)  # a view: no copy of the weight
+
+
 def read_ir(xml_path: Path) -> ov.Model:
     """Read an IR, mapping OpenVINO's parse errors to ``ModelError``."""
     try:
@@ -219,7 +231,7 @@ def prepare(model: ov.Model) -> DynamicLLM:
         # Input 1 of the KV Concat is the new tokens' K/V (input 0 is the past).
         result.input(0).replace_source_output(concat.input_value(1))
         result.validate_and_infer_types()  # only these changed: no whole-graph pass (60 ms)
-    return DynamicLLM(model, roles, report)
+    return DynamicLLM(model, roles, report, largest_weight_address(model))
 
 
 def to_stateless(model: ov.Model) -> None:
