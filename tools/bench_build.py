@@ -24,9 +24,8 @@ import click
 from ovspec.bench.build_records import DEFAULT_MODELS_DIR
 from ovspec.bench.build_report import format_report
 from ovspec.bench.build_runner import Settings, run_benchmark
-from ovspec.cli import error_text
+from ovspec.cli import tool_errors
 from ovspec.cli.options import chunk_option, device_options, ladder_option, phases_option
-from ovspec.errors import OvspecError
 from ovspec.ladder import Ladder
 
 # --------------------------------------------------------------------------- command line
@@ -124,11 +123,8 @@ def main(
     def say(message: str) -> None:
         click.echo(f"[{time.perf_counter() - started:7.1f} s] {message}", err=True)
 
-    try:
+    with tool_errors("bench_build: error"):
         report = run_benchmark(settings, command, say)
-    except OvspecError as exc:
-        click.echo(f"bench_build: error: {error_text(exc)}", err=True)
-        sys.exit(exc.exit_code)
     document = json.dumps(report.to_json(), indent=2)
     if json_out is not None:
         json_out.write_text(document + "\n", encoding="utf-8")

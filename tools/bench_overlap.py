@@ -21,9 +21,9 @@ import click
 from ovspec.bench.overlap import LOADS, PAGE, Overlap, campaign_overlap
 from ovspec.bench.overlap_run import OverlapConfig, run_overlap
 from ovspec.bench.pages import results_path, write_page
-from ovspec.cli import error_text
+from ovspec.cli import tool_errors
 from ovspec.compile.split import CoreSplit
-from ovspec.errors import BadRequestError, OvspecError
+from ovspec.errors import BadRequestError
 from ovspec.ir.model_dir import resolve_model
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder
@@ -94,7 +94,7 @@ def main(
     out: Path,
     work_dir: Path,
 ) -> None:
-    try:
+    with tool_errors("bench_overlap"):
         fractions = _overlap(overlap_text)
         split = CoreSplit.parse(split_text) if split_text else CoreSplit.default()
         if split is None:
@@ -118,9 +118,6 @@ def main(
             fractions,
             on_progress=lambda m: click.echo(f"bench_overlap: {m}", err=True),
         )
-    except OvspecError as exc:
-        click.echo(f"bench_overlap: {error_text(exc)}", err=True)
-        sys.exit(exc.exit_code)
     results["command"] = shlex.join(["python", "tools/bench_overlap.py", *sys.argv[1:]])
     page = write_page(out, PAGE, results)
     click.echo(page.read_text(encoding="utf-8"))

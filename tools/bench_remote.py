@@ -22,9 +22,8 @@ import click
 from ovspec.bench.build_records import DEFAULT_MODELS_DIR
 from ovspec.bench.pages import write_page
 from ovspec.bench.remote_bench import PAGE, Settings, run_benchmark
-from ovspec.cli import error_text
+from ovspec.cli import tool_errors
 from ovspec.cli.options import chunk_option, ladder_option, phases_option
-from ovspec.errors import OvspecError
 from ovspec.ladder import Ladder
 
 PAGES_DIR = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
@@ -95,23 +94,21 @@ def main(
         click.echo(f"[{time.perf_counter() - started:7.1f} s] {message}", err=True)
 
     scratch = Path(tempfile.mkdtemp(prefix="ovspec-bench-remote-", dir=work_dir))
-    try:
-        settings = Settings(
-            model_reference=model_reference,
-            models_dir=models_dir,
-            ladder=ladder,
-            phases=phases,
-            chunk_tokens=chunk_tokens,
-            prompt_tokens=prompt_tokens,
-            repeats=repeats,
-            work_dir=scratch,
-        )
-        results = run_benchmark(settings, say)
-    except OvspecError as exc:
-        click.echo(f"bench_remote: error: {error_text(exc)}", err=True)
-        sys.exit(exc.exit_code)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with tool_errors("bench_remote: error"):
+        try:
+            settings = Settings(
+                model_reference=model_reference,
+                models_dir=models_dir,
+                ladder=ladder,
+                phases=phases,
+                chunk_tokens=chunk_tokens,
+                prompt_tokens=prompt_tokens,
+                repeats=repeats,
+                work_dir=scratch,
+            )
+            results = run_benchmark(settings, say)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     results["command"] = command
     results["wall_s"] = round(time.perf_counter() - started, 1)
     page = write_page(pages_dir, PAGE, results)

@@ -21,8 +21,7 @@ import click
 from ovspec.bench.build_records import DEFAULT_MODELS_DIR
 from ovspec.bench.pages import write_page
 from ovspec.bench.speed import ARMS, DEFAULT_ARMS, DEFAULT_LADDER, PAGE, SpeedConfig, run_speed
-from ovspec.cli import error_text
-from ovspec.errors import OvspecError
+from ovspec.cli import tool_errors
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder
 
@@ -65,7 +64,7 @@ def main(
     arms: str,
     out: Path,
 ) -> None:
-    try:
+    with tool_errors("bench_speed"):
         config = SpeedConfig(
             model=model,
             work_dir=work_dir,
@@ -80,9 +79,6 @@ def main(
             EXACT_CPU_PROPERTIES,
             on_progress=lambda m: click.echo(f"bench_speed: {m}", err=True),
         )
-    except OvspecError as exc:
-        click.echo(f"bench_speed: {error_text(exc)}", err=True)
-        sys.exit(exc.exit_code)
     results["command"] = shlex.join(["python", "tools/bench_speed.py", *sys.argv[1:]])
     page = write_page(out, PAGE, results)
     click.echo(page.read_text(encoding="utf-8"))

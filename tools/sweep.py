@@ -20,9 +20,8 @@ import click
 
 from ovspec.bench.pages import write_page
 from ovspec.bench.sweep import SweepGrid, parse_ladders, run_sweep
-from ovspec.cli import error_text
+from ovspec.cli import tool_errors
 from ovspec.compile.split import CoreSplit
-from ovspec.errors import OvspecError
 from ovspec.ir.model_dir import ModelDir, resolve_model
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 
@@ -63,7 +62,7 @@ def main(
     work_dir: Path,
     out: Path,
 ) -> None:
-    try:
+    with tool_errors("sweep"):
         grid = SweepGrid(
             presets=tuple(p.strip() for p in presets.split(",") if p.strip()),
             ladders=parse_ladders(ladders),
@@ -84,9 +83,6 @@ def main(
             EXACT_CPU_PROPERTIES,
             on_cell=lambda i, n, label: click.echo(f"sweep: cell {i + 1}/{n}: {label}", err=True),
         )
-    except OvspecError as exc:
-        click.echo(f"sweep: {error_text(exc)}", err=True)
-        sys.exit(exc.exit_code)
     document["command"] = shlex.join(["python", "tools/sweep.py", *sys.argv[1:]])
     page = write_page(out, "sweep", document)
     click.echo(page.read_text(encoding="utf-8"))

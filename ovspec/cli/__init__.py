@@ -7,9 +7,10 @@ click's usage errors with 2. Any other exception reaching here is a bug.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import click
@@ -38,6 +39,17 @@ CLI_OPTIONS: dict[str, str] = {
 def error_text(exc: OvspecError) -> str:
     """An ovspec error as a command-line user reads it (options, not Python arguments)."""
     return exc.cli_message(CLI_OPTIONS)
+
+
+@contextlib.contextmanager
+def tool_errors(prefix: str) -> Iterator[None]:
+    """For the scripts in tools/: an ovspec error raised inside ends as one line,
+    ``PREFIX: message``, on stderr and the error's exit code."""
+    try:
+        yield
+    except OvspecError as exc:
+        click.echo(f"{prefix}: {error_text(exc)}", err=True)
+        sys.exit(exc.exit_code)
 
 
 def _fail(message: str, exit_code: int) -> NoReturn:
