@@ -93,7 +93,11 @@ def main(
     def say(message: str) -> None:
         click.echo(f"[{time.perf_counter() - started:7.1f} s] {message}", err=True)
 
-    scratch = Path(tempfile.mkdtemp(prefix="ovspec-bench-remote-", dir=work_dir))
+    try:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix="ovspec-bench-remote-", dir=work_dir))
+    except OSError as exc:
+        raise click.BadParameter(f"{work_dir}: {exc.strerror}", param_hint="--work-dir") from exc
     with tool_errors("bench_remote: error"):
         try:
             settings = Settings(
