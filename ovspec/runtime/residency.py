@@ -89,7 +89,6 @@ class WeightPageTrimmer(threading.Thread):
         self.poll_s = poll_s
         self.step_mib = step_mib
         self.drops = 0
-        self.dropped_bytes = 0  # the mapping's size at each drop, not pages that were resident
         self._done = threading.Event()
         self._baseline_mib = file_rss_mib()
 
@@ -118,7 +117,6 @@ class WeightPageTrimmer(threading.Thread):
             return 0
         vmem.advise(found.address, found.size_bytes, MADV_DONTNEED)
         self.drops += 1
-        self.dropped_bytes += found.size_bytes
         return found.size_bytes
 
     def run(self) -> None:
