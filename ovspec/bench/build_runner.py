@@ -139,7 +139,8 @@ class _Bench:
     # -- key derivation ---------------------------------------------------------------
 
     def keys(self) -> KeyFigures:
-        from ovspec.compile.compiler import BlobMode, prepare_model
+        from ovspec.compile.compiler import BlobMode
+        from ovspec.compile.preparing import prepare_model
         from ovspec.store.digests import DigestMemo
 
         first, second = self.specs[0], self.specs[-1]

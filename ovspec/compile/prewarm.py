@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import openvino as ov
 
-from ovspec.compile.compiler import NO_PATCH, BlobMode, BuildOutcome, Compiler, prepare_model
+from ovspec.compile.compiler import NO_PATCH, BlobMode, BuildOutcome, Compiler
 from ovspec.compile.devices import resolve_device
+from ovspec.compile.preparing import prepare_model
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir

@@ -249,7 +249,7 @@ def test_an_all_hits_rebuild_never_prepares_the_model(
         raise AssertionError("an all-hits rebuild must not read or compress the model")
 
     monkeypatch.setattr("ovspec.compile.prewarm.prepare_model", no_prepare)
-    monkeypatch.setattr("ovspec.compile.compiler.prepare_model", no_prepare)
+    monkeypatch.setattr("ovspec.compile.preparing.prepare_model", no_prepare)
     again = run(*args)
     assert again.exit_code == 0, again.output
     assert "4 hits, 0 misses" in again.output

@@ -145,7 +145,7 @@ def test_a_warm_start_never_reads_the_ir(
     def no_prepare(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("a warm start must take the roles from the stored blobs")
 
-    monkeypatch.setattr("ovspec.compile.compiler.prepare_model", no_prepare)
+    monkeypatch.setattr("ovspec.compile.preparing.prepare_model", no_prepare)
     with ovspec.open(qwen2_dir, **options) as loader:  # type: ignore[arg-type]
         warm = decode(loader, prompt, max_new_tokens=100)
     assert warm.token_ids == cold.token_ids
