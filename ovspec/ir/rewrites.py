@@ -91,7 +91,11 @@ def apply_rewrites(
     model: ov.Model, roles: ModelRoles, rewrites: RewriteSet, prefill: bool, capacity_tokens: int
 ) -> tuple[str, ...]:
     """Apply ``rewrites`` to a reshaped specialization in place; returns notes on what
-    could not be applied (a refused rewrite leaves the graph as it was: fail open)."""
+    could not be applied (a refused rewrite leaves the graph as it was: fail open).
+
+    Each rewrite reads only shapes the reshape inferred and builds typed nodes, so the
+    graph's types are inferred once, at the end (one whole-graph pass, not one per
+    rewrite: ~35 ms of a specialization on the 0.5B preset)."""
     notes: list[str] = []
     if GraphRewrite.SPLIT_ATTENTION in rewrites:
         try:
@@ -105,6 +109,7 @@ def apply_rewrites(
             notes.append(f"last-position-logits not applied: {exc}")
     if GraphRewrite.LIVE_STATE in rewrites:
         live_tokens_state(model, roles, capacity_tokens)
+    model.validate_nodes_and_infer_types()
     for note in notes:
         log.warning("%s", note)
     return tuple(notes)
@@ -361,7 +366,6 @@ def split_attention(model: ov.Model, roles: ModelRoles) -> int:
         heads = s.kv_heads * s.groups
         out = ops.reshape(context, _i64([0, heads, -1, s.head_dim]), True, name=f"{name}/split")
         s.sdpa.output(0).replace(out.output(0))
-    model.validate_nodes_and_infer_types()
     return len(sites)
 
 
@@ -402,7 +406,6 @@ def last_position_logits(model: ov.Model, roles: ModelRoles) -> None:
     row = ops.subtract(ops.gather(real, _i64(0), _i64(0)), _i64(1))  # scalar
     last = ops.unsqueeze(ops.gather(hidden, row, _i64(1)), _i64([1]))
     node.input(0).replace_source_output(last.output(0))
-    model.validate_nodes_and_infer_types()
 
 
 # -- live-tokens state (CPU) --------------------------------------------------------
@@ -447,4 +450,3 @@ def live_tokens_state(model: ov.Model, roles: ModelRoles, capacity_tokens: int) 
     model.add_sinks([ops.assign(ops.convert(ops.add(live, chunk), ov.Type.i32), variable)])
     if not any(v.get_info().variable_id == LIVE_TOKENS_VARIABLE for v in model.get_variables()):
         model.add_variables([variable])  # add_sinks registers it in some OpenVINO versions
-    model.validate_nodes_and_infer_types()
