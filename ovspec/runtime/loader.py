@@ -82,6 +82,7 @@ class Loader:
         kv_layout: KVLayout | None = None,
         worker_cores: tuple[int, ...] | None = None,
         pin_threads: Callable[[], None] | None = None,
+        on_first_decode: Callable[[], None] | None = None,
     ) -> None:
         self.compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
@@ -115,6 +116,9 @@ class Loader:
         )
         self._closed = False
         self._on_close = list(on_close)
+        # Called once, at the first get of a decode graph (after the prompt): work kept
+        # off the start, which is latency-bound (decoding.open: the weight-page trimmer).
+        self._on_first_decode = on_first_decode
 
     # -- public API ---------------------------------------------------------------
 
@@ -169,6 +173,9 @@ class Loader:
         self._begin_split()
         spec = _as_spec(spec)
         program = self._obtain(spec, record_wait=True)
+        if spec.phase is Phase.DECODE and self._on_first_decode is not None:
+            hook, self._on_first_decode = self._on_first_decode, None
+            hook()
         self._after_get(spec)
         return program.compiled
 

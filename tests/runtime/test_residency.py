@@ -14,6 +14,7 @@ import pytest
 
 import ovspec
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.ir.specialize import prefill_specialization
 from ovspec.runtime import vmem
 from ovspec.runtime.decoding import decode
 from ovspec.runtime.residency import MappedRange, WeightPageTrimmer, mapping_at
@@ -120,3 +121,26 @@ def test_decode_drops_the_weights_pages_and_keeps_its_tokens(tiny_dir: Path, sto
     tokens, resident = _decode_and_measure(tiny_dir, store, True, prompt)
     assert resident <= max(size // 8, 1 << 18)
     assert tokens == kept_tokens
+
+
+@needs_madvise
+def test_the_trimmer_waits_out_the_start_and_begins_at_the_first_decode(
+    tiny_dir: Path, store: Store
+) -> None:
+    def trimming() -> bool:
+        return any(t.name == "ovspec-weight-pages" for t in threading.enumerate())
+
+    with ovspec.open(
+        tiny_dir,
+        ladder="64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        prefill_chunk_tokens=16,
+        trim_weight_pages=True,
+    ) as loader:
+        loader.start(64)  # the first graph compiles and the prompt would run: no dropping
+        loader.get(prefill_specialization(64, 16))
+        assert not trimming()
+        loader.get(64)  # the first decode step's graph: the start is over
+        assert trimming()
+    assert not trimming()
