@@ -216,7 +216,7 @@ def prepare(model: ov.Model) -> DynamicLLM:
     Mutates ``model`` (read a fresh one, or pass a clone).
     """
     to_stateless(model)
-    report = normalize(model)
+    report = normalize(model, infer_types=False)  # specialize infers them after its reshape
     roles = discover_roles(model)
     # Each present result is found by the past input its Concat reads, not by name:
     # names are what exporters get wrong (normalize.py, rule 2).
