@@ -51,6 +51,7 @@ def render_page(results: Mapping[str, Any]) -> str:
         + ".",
         f"- {config['repetitions']} repetitions, arms interleaved (order rotated, and reversed "
         "on odd repetitions), a fresh process per run; figures are medians over repetitions.",
+        *_bytecode_line(config.get("own_bytecode")),
         f"- Wall time {results['wall_s'] / 60:.1f} min. Machine: {env.get('cpu_model', '?')}, "
         f"{env.get('usable_cores', '?')} usable cores, OpenVINO {env.get('openvino', '?')}, "
         f"ovspec {env.get('ovspec', '?')} at {env.get('git_commit', '?')}; load average "
@@ -213,3 +214,14 @@ def _targets(summary: Mapping[str, Any], bands: list[str]) -> list[str]:
             "the FullyConnected weights (DESIGN.md §10.15)"
         )
     return out
+
+
+def _bytecode_line(compiled: bool | None) -> list[str]:
+    if compiled is None:  # results saved before the bench compiled it
+        return []
+    if compiled:
+        return [
+            "- ovspec's modules were compiled to bytecode before the runs, as `pip install .` "
+            "does (openvino's and genai's come compiled)."
+        ]
+    return ["- ovspec's bytecode could not be written: every run compiled its modules."]

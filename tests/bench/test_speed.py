@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import ovspec
 from ovspec.bench.pages import render_saved, write_page
 from ovspec.bench.speed import PAGE, SpeedConfig, run_speed, summarize
 from ovspec.bench.speed_arm import MemorySampler
@@ -97,6 +99,10 @@ def test_a_tiny_run_renders_its_page(tmp_path: Path) -> None:
     page = write_page(tmp_path / "pages", PAGE, results)
     text = page.read_text(encoding="utf-8")
     assert "| `ovspec-warm` |" in text and "## Targets (issue 9)" in text
+    # Arms start from compiled bytecode, as an installed package does (genai's is).
+    writable = os.access(Path(ovspec.__file__).parent, os.W_OK)
+    assert results["config"]["own_bytecode"] is writable
+    assert ("compiled to bytecode before the runs" in text) is writable
     assert render_saved(tmp_path / "pages", PAGE) == text  # the page is its results, rendered
 
 
