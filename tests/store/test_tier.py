@@ -16,7 +16,7 @@ import pytest
 from s3server import OTHER_KEY, TEAM_KEY, down_remote, new_prefix, remote_for
 
 import ovspec.runtime.decoding as decoding
-from ovspec.compile import compiler as compiler_module
+from ovspec.compile import preparing as preparing_module
 from ovspec.compile.compiler import Compiler
 from ovspec.compile.prewarm import BuildPlan, BuildReport, run_build
 from ovspec.errors import BadRequestError, RemoteUnavailableError
@@ -81,7 +81,7 @@ def no_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("this machine compiled (or prepared the IR)")
 
     monkeypatch.setattr(Compiler, "_compile_to", refuse)
-    monkeypatch.setattr(compiler_module, "prepare_model", refuse)
+    monkeypatch.setattr(preparing_module, "prepare_model", refuse)
 
 
 def test_the_second_machine_builds_nothing(
