@@ -8,6 +8,7 @@ on a start that compiles from the IR the read overlaps the device probe.
 from __future__ import annotations
 
 import threading
+import traceback
 from concurrent.futures import Future
 
 from ovspec.ir.compression import Compression
@@ -31,6 +32,7 @@ class PreparedModel:
         self.compression = compression
         self._llm = llm  # prepared by the caller (already validated), else here
         self._ahead: Future[DynamicLLM] | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -40,16 +42,18 @@ class PreparedModel:
             if self._llm is not None or self._ahead is not None:
                 return
             ahead: Future[DynamicLLM] = Future()
-            self._ahead = ahead
-        threading.Thread(
-            target=self._prepare_into, args=(ahead,), name="ovspec-prepare", daemon=True
-        ).start()
+            thread = threading.Thread(
+                target=self._prepare_into, args=(ahead,), name="ovspec-prepare", daemon=True
+            )
+            thread.start()  # raises (nothing started) where no thread can be made
+            self._ahead, self._thread = ahead, thread
 
     def _prepare_into(self, ahead: Future[DynamicLLM]) -> None:
         ahead.set_running_or_notify_cancel()
         try:
             ahead.set_result(prepare_model(self.model_dir, self.compression))
         except BaseException as exc:  # handed to the caller of get()
+            traceback.clear_frames(exc.__traceback__)  # not the half-read model's frames
             ahead.set_exception(exc)
 
     @property
@@ -70,11 +74,12 @@ class PreparedModel:
             return self._llm
 
     def peek(self) -> DynamicLLM | None:
-        """The prepared graph if it is ready, without waiting or preparing."""
+        """The prepared graph if someone has had it (``get``), without waiting or
+        preparing."""
         return self._llm
 
     def settle(self) -> None:
-        """Wait for a preparation started ahead to end (its error is dropped): nothing
-        runs on after the compiler that started it is closed or failed to open."""
-        if self._ahead is not None:
-            self._ahead.exception()
+        """Wait for a thread started ahead to end (its error is dropped): nothing runs
+        on after the compiler that started it is closed or failed to open."""
+        if self._thread is not None:
+            self._thread.join()

@@ -97,19 +97,24 @@ def apply_rewrites(
     graph's types are inferred once, at the end (one whole-graph pass, not one per
     rewrite: ~35 ms of a specialization on the 0.5B preset)."""
     notes: list[str] = []
+    changed = False
     if GraphRewrite.SPLIT_ATTENTION in rewrites:
         try:
             split_attention(model, roles)
+            changed = True
         except RewriteRefused as exc:
             notes.append(f"split-attention not applied: {exc}")
     if prefill and GraphRewrite.LAST_POSITION in rewrites:
         try:
             last_position_logits(model, roles)
+            changed = True
         except RewriteRefused as exc:
             notes.append(f"last-position-logits not applied: {exc}")
     if GraphRewrite.LIVE_STATE in rewrites:
         live_tokens_state(model, roles, capacity_tokens)
-    model.validate_nodes_and_infer_types()
+        changed = True
+    if changed:
+        model.validate_nodes_and_infer_types()
     for note in notes:
         log.warning("%s", note)
     return tuple(notes)

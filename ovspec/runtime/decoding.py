@@ -93,7 +93,8 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     load mode is ``import``).
     ``trim_weight_pages`` (default: on for CPU graphs compiled from the IR, where it was
     measured): keep the IR's mapped ``.bin`` out of the resident set once graphs have
-    packed their weights (``runtime/residency.py``; about 1 GiB of RSS on the 0.5B preset).
+    packed their weights (``runtime/residency.py``; about 1 GiB of RSS on the 0.5B preset),
+    from the first decode step on (an eager start: from its beginning).
     """
     ladder = Ladder.parse(ladder) if isinstance(ladder, str) else ladder
     policy = Policy(policy) if isinstance(policy, str) else policy
@@ -123,6 +124,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         opened = store
     else:
         opened = Store(store or Store.default_root(), remote=_remote(remote))
+    compiler: Compiler | None = None
     try:
         model_dir = resolve_model(str(model), opened.models_folder)
         ladder.check_fits(model_dir.max_position_embeddings)
@@ -142,14 +144,17 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
             choose_layout(
                 kv_layout, compiler.roles(Specialization.decode(ladder.top_tokens)), ladder
             )
-        # Started with the loader; stopped first when it closes, while the compiler
-        # still holds the weight its anchor points into.
+        # Started by the loader (at the first decode step, or when an eager start
+        # begins); stopped first when it closes, while the compiler still holds the
+        # weight its anchor points into.
         trimmer = (
             WeightPageTrimmer.for_weights(model_dir.bin_path, compiler.mapped_weights_address)
             if trim
             else None
         )
     except BaseException:
+        if compiler is not None:
+            compiler.close()  # and the IR it may be reading ahead
         if owns_store:
             opened.close()
         raise
@@ -180,10 +185,10 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
             kv_layout=kv_layout,
             worker_cores=cores.host if cores is not None else None,
             pin_threads=pin_threads,
-            # Not during the start: the first graph packs its weights from the mapping
-            # then, and dropping its pages meanwhile cost ~0.1 s of the first prefill
-            # (re-faults, TLB shootdowns; measured). Its RSS then is genai's own.
-            on_first_decode=trimmer.start if trimmer is not None else None,
+            # Not during a lazy start: the first graph packs its weights from the
+            # mapping then, and dropping its pages meanwhile cost ~0.1 s of the first
+            # prefill (re-faults, TLB shootdowns; measured). Its RSS then is genai's own.
+            on_steady=trimmer.start if trimmer is not None else None,
         )
     except BaseException:
         for callback in on_close:

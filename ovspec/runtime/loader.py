@@ -82,7 +82,7 @@ class Loader:
         kv_layout: KVLayout | None = None,
         worker_cores: tuple[int, ...] | None = None,
         pin_threads: Callable[[], None] | None = None,
-        on_first_decode: Callable[[], None] | None = None,
+        on_steady: Callable[[], None] | None = None,
     ) -> None:
         self.compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
@@ -116,9 +116,10 @@ class Loader:
         )
         self._closed = False
         self._on_close = list(on_close)
-        # Called once, at the first get of a decode graph (after the prompt): work kept
-        # off the start, which is latency-bound (decoding.open: the weight-page trimmer).
-        self._on_first_decode = on_first_decode
+        # Called once, at the first get of a decode graph (after the prompt), or as an
+        # eager start begins (it packs every rung before the prompt): work kept off a
+        # latency-bound start (decoding.open: the weight-page trimmer).
+        self._on_steady = on_steady
 
     # -- public API ---------------------------------------------------------------
 
@@ -140,10 +141,16 @@ class Loader:
         finally:
             self._begin_split()
 
+    def _steady(self) -> None:
+        hook, self._on_steady = self._on_steady, None
+        if hook is not None:
+            hook()
+
     def _start(self, first_capacity_tokens: int) -> None:
         decode = Specialization.decode(first_capacity_tokens)
         prefill = self._prefill(first_capacity_tokens) if self.prefill_chunk_tokens else None
         if self.policy is Policy.EAGER:
+            self._steady()
             rungs = [c for c in self.ladder if c >= first_capacity_tokens]
             specs = [*([prefill] if prefill else []), decode]
             specs += [Specialization.decode(c) for c in rungs[1:]]
@@ -170,12 +177,11 @@ class Loader:
         """The compiled graph of ``spec`` (a rung means its decode graph); loads it in the
         foreground if nobody has."""
         self._check_open()
-        self._begin_split()
         spec = _as_spec(spec)
+        if spec.phase is Phase.DECODE:
+            self._steady()  # before the split pins this process's other threads
+        self._begin_split()
         program = self._obtain(spec, record_wait=True)
-        if spec.phase is Phase.DECODE and self._on_first_decode is not None:
-            hook, self._on_first_decode = self._on_first_decode, None
-            hook()
         self._after_get(spec)
         return program.compiled
 

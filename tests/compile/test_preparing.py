@@ -73,14 +73,28 @@ def test_a_compiler_that_compiles_from_the_ir_prepares_while_it_probes_the_devic
     assert not any(t.is_alive() for t in _preparing_threads())
 
 
-def test_a_compiler_that_imports_blobs_does_not_read_the_ir_up_front(
-    qwen2_dir: Path, store: Store
+@pytest.mark.parametrize(
+    ("load_mode", "compression"),
+    [(LoadMode.IMPORT, Compression()), (LoadMode.COMPILE, Compression.parse("int8"))],
+)
+def test_no_read_ahead_for_imports_or_a_compression(
+    qwen2_dir: Path,
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    load_mode: LoadMode,
+    compression: Compression,
 ) -> None:
+    # A warm import never reads the IR; a compression (NNCF, minutes on a large model)
+    # is not started before the device has accepted the properties.
+    calls: list[object] = []
+    monkeypatch.setattr(preparing_module, "prepare_model", lambda *a: calls.append(a))
     compiler = Compiler(
-        ModelDir.open(qwen2_dir), "CPU", EXACT_CPU_PROPERTIES, store, load_mode=LoadMode.IMPORT
+        ModelDir.open(qwen2_dir),
+        "CPU",
+        EXACT_CPU_PROPERTIES,
+        store,
+        load_mode=load_mode,
+        compression=compression,
     )
-    try:
-        assert compiler.mapped_weights_address() is None  # a warm import never reads it
-        assert not _preparing_threads()
-    finally:
-        compiler.close()
+    compiler.close()  # would wait for a read started ahead
+    assert calls == [] and not _preparing_threads()

@@ -144,3 +144,15 @@ def test_the_trimmer_waits_out_the_start_and_begins_at_the_first_decode(
         loader.get(64)  # the first decode step's graph: the start is over
         assert trimming()
     assert not trimming()
+    with ovspec.open(
+        tiny_dir,
+        ladder="64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        prefill_chunk_tokens=16,
+        trim_weight_pages=True,
+        policy="eager",
+    ) as loader:
+        loader.start(64)  # eager packs every rung before the prompt: dropping from then
+        assert trimming()
+    assert not trimming()
