@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ovspec
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.specialize import prefill_specialization
 from ovspec.runtime import vmem
 from ovspec.runtime.decoding import decode
+from ovspec.runtime.decoding import open as open_loader
+from ovspec.runtime.loader import Loader
 from ovspec.runtime.residency import MappedRange, WeightPageTrimmer, mapping_at
 from ovspec.store.local import Store
 
@@ -86,19 +87,28 @@ def test_drop_leaves_what_is_not_a_read_only_mapping_of_the_weights(tmp_path: Pa
     assert WeightPageTrimmer(path, lambda: None).drop() == 0  # the model is not read yet
 
 
-def _decode_and_measure(
-    tiny_dir: Path, store: Store, trim: bool, prompt: list[int]
-) -> tuple[list[int], int]:
-    """Tokens, and the resident bytes of the loader's own mapping of the .bin after the
-    decode (waiting up to 2 s for the trimmer's next poll)."""
-    with ovspec.open(
+def _open(tiny_dir: Path, store: Store, trim: bool, policy: str = "one_ahead") -> Loader:
+    return open_loader(
         tiny_dir,
         ladder="64,128",
         properties=EXACT_CPU_PROPERTIES,
         store=store,
         prefill_chunk_tokens=16,
         trim_weight_pages=trim,
-    ) as loader:
+        policy=policy,
+    )
+
+
+def _trimming() -> bool:
+    return any(t.name == "ovspec-weight-pages" for t in threading.enumerate())
+
+
+def _decode_and_measure(
+    tiny_dir: Path, store: Store, trim: bool, prompt: list[int]
+) -> tuple[list[int], int]:
+    """Tokens, and the resident bytes of the loader's own mapping of the .bin after the
+    decode (waiting up to 2 s for the trimmer's next poll)."""
+    with _open(tiny_dir, store, trim) as loader:
         result = decode(loader, prompt, max_new_tokens=80)
         address = loader.compiler.mapped_weights_address()
         assert address is not None
@@ -107,7 +117,7 @@ def _decode_and_measure(
         while trim and resident and time.monotonic() < deadline:
             time.sleep(0.05)
             resident = _resident_bytes_at(address)
-    assert not [t for t in threading.enumerate() if t.name == "ovspec-weight-pages"]
+    assert not _trimming()
     return list(result.token_ids), resident
 
 
@@ -127,32 +137,14 @@ def test_decode_drops_the_weights_pages_and_keeps_its_tokens(tiny_dir: Path, sto
 def test_the_trimmer_waits_out_the_start_and_begins_at_the_first_decode(
     tiny_dir: Path, store: Store
 ) -> None:
-    def trimming() -> bool:
-        return any(t.name == "ovspec-weight-pages" for t in threading.enumerate())
-
-    with ovspec.open(
-        tiny_dir,
-        ladder="64,128",
-        properties=EXACT_CPU_PROPERTIES,
-        store=store,
-        prefill_chunk_tokens=16,
-        trim_weight_pages=True,
-    ) as loader:
+    with _open(tiny_dir, store, True) as loader:
         loader.start(64)  # the first graph compiles and the prompt would run: no dropping
         loader.get(prefill_specialization(64, 16))
-        assert not trimming()
+        assert not _trimming()
         loader.get(64)  # the first decode step's graph: the start is over
-        assert trimming()
-    assert not trimming()
-    with ovspec.open(
-        tiny_dir,
-        ladder="64,128",
-        properties=EXACT_CPU_PROPERTIES,
-        store=store,
-        prefill_chunk_tokens=16,
-        trim_weight_pages=True,
-        policy="eager",
-    ) as loader:
+        assert _trimming()
+    assert not _trimming()
+    with _open(tiny_dir, store, True, policy="eager") as loader:
         loader.start(64)  # eager packs every rung before the prompt: dropping from then
-        assert trimming()
-    assert not trimming()
+        assert _trimming()
+    assert not _trimming()
