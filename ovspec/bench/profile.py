@@ -26,8 +26,9 @@ import openvino as ov
 from ovspec.compile.compiler import serving_spec
 from ovspec.compile.devices import device_family
 from ovspec.errors import BadRequestError, arg
+from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE
 from ovspec.ir.model_dir import ModelDir
-from ovspec.ir.rewrites import LIVE_TOKENS_VARIABLE, GraphRewrite, RewriteSet
+from ovspec.ir.rewrites import GraphRewrite, RewriteSet
 from ovspec.ir.specialize import Specialization, prepare, read_ir
 
 DEFAULT_PROFILE_STEPS = 8

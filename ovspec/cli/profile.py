@@ -46,7 +46,7 @@ TOP_TYPES = 12
     "--rewrites",
     default=None,
     help="Graph rewrites, '+'-joined (split-attention, last-position-logits, "
-    "live-tokens-state) or none.  [default: the device's]",
+    "live-tokens-state, merged-presents) or none.  [default: the device's]",
 )
 @chunk_option
 @device_options

@@ -1,10 +1,10 @@
 """Graph rewrites that make a specialization as fast and lean as the dynamic model.
 
-Owns the rewrite set a specialization is built with (a blob key component) and the
-rewrites: split attention (the past block's scores read straight from the KV input, GQA
+Owns the rewrite set a specialization is built with (a blob key component), applies it,
+and owns split attention (the past block's scores read straight from the KV input, GQA
 folded into query rows, the chunk's own block through an SDPA, one exact log-sum-exp
-merge), the last-position LM head for prefill, and the live-tokens state CPU graphs keep.
-Every site is found from the roles (past parameter -> KV Concat -> attention), never by name.
+merge); the rewrites of inputs and outputs are in ``ir.graph_io``. Every site is found
+from the roles (past parameter -> KV Concat -> attention), never by name.
 """
 
 from __future__ import annotations
@@ -17,22 +17,24 @@ from enum import Enum
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
-from openvino.op.util import Variable, VariableInfo
 
 from ovspec.errors import ModelError
+from ovspec.ir.graph_io import (
+    RewriteRefused,
+    dims,
+    i64,
+    last_position_logits,
+    live_tokens_state,
+    merged_presents,
+)
 from ovspec.ir.roles import KVKind, ModelRoles
 
 log = logging.getLogger(__name__)
-
-# The state variable a LIVE_STATE graph keeps: live KV tokens before the call, i32 [1]
-# (the CPU plugin refuses set_state of an i64 variable).
-LIVE_TOKENS_VARIABLE = "ovspec.live_tokens"
 
 _TO_CONCAT = {"Convert", "Gather"}
 # transformers' repeat_kv as exported (optimum and genai's GGUF reader alike):
 # Unsqueeze(axis 2) -> Broadcast -> Reshape, so query head h reads KV head h // G.
 _GQA_REPEAT = ("Unsqueeze", "Broadcast", "Reshape")
-_LM_HEAD_PASS_THROUGH = {"Convert", "Add", "Multiply", "Divide", "Tanh"}
 
 
 class GraphRewrite(Enum):
@@ -41,6 +43,7 @@ class GraphRewrite(Enum):
     SPLIT_ATTENTION = "split-attention"
     LAST_POSITION = "last-position-logits"
     LIVE_STATE = "live-tokens-state"
+    MERGED_PRESENTS = "merged-presents"
 
 
 @dataclass(frozen=True)
@@ -79,12 +82,8 @@ class RewriteSet:
         and a state variable (DESIGN.md §10.15). NPU graphs stay stateless."""
         base = {GraphRewrite.SPLIT_ATTENTION, GraphRewrite.LAST_POSITION}
         if family == "CPU":
-            base.add(GraphRewrite.LIVE_STATE)
+            base |= {GraphRewrite.LIVE_STATE, GraphRewrite.MERGED_PRESENTS}
         return cls(frozenset(base))
-
-
-class RewriteRefused(Exception):
-    """The graph is not a pattern a rewrite knows; the rewrite leaves it unchanged."""
 
 
 def apply_rewrites(
@@ -115,6 +114,11 @@ def apply_rewrites(
         changed = True
     if changed:
         model.validate_nodes_and_infer_types()
+    if GraphRewrite.MERGED_PRESENTS in rewrites:
+        try:  # last: it compares the presents' inferred shapes (its new ops type themselves)
+            merged_presents(model, roles)
+        except RewriteRefused as exc:
+            notes.append(f"merged-presents not applied: {exc}")
     for note in notes:
         log.warning("%s", note)
     return tuple(notes)
@@ -251,14 +255,6 @@ def attention_sites(model: ov.Model, roles: ModelRoles) -> list[AttentionSite]:
 # -- split attention ----------------------------------------------------------------
 
 
-def _i64(values: object) -> ov.Output:
-    return ops.constant(np.array(values, dtype=np.int64)).output(0)
-
-
-def _dims(out: ov.Output, indices: list[int]) -> ov.Output:
-    return ops.gather(ops.shape_of(out, ov.Type.i64), _i64(indices), _i64(0)).output(0)
-
-
 def _additive(mask: ov.Output, dtype: ov.Type) -> ov.Output:
     if mask.get_element_type() == ov.Type.boolean:
         lowest = ops.constant(np.array(np.finfo(np.float32).min, dtype=np.float32))
@@ -278,13 +274,13 @@ def _scaled_query(site: AttentionSite) -> ov.Output:
     if scale.get_element_type() != q.get_element_type():
         scale = ops.convert(scale, q.get_element_type()).output(0)
     q = ops.multiply(q, scale).output(0)
-    return ops.reshape(q, _i64([0, site.kv_heads, -1, site.head_dim]), True).output(0)
+    return ops.reshape(q, i64([0, site.kv_heads, -1, site.head_dim]), True).output(0)
 
 
 def _length(out: ov.Output, axis: int) -> ov.Output:
     """Dimension ``axis`` of ``out`` as an i64 [1]: a constant when it is static."""
     dim = out.get_partial_shape()[axis]
-    return _i64([dim.get_length()]) if dim.is_static else _dims(out, [axis])
+    return i64([dim.get_length()]) if dim.is_static else dims(out, [axis])
 
 
 def _merge_through_sdpa(
@@ -301,15 +297,15 @@ def _merge_through_sdpa(
     """The chunk block as an SDPA over the new K/V, merged with the past block through
     the chunk's log-sum-exp: one softmax over [past scores, chunk log-sum-exp] gives the
     past probabilities and the chunk block's weight."""
-    peak = ops.reduce_max(chunk_scores, _i64([-1]), True)
+    peak = ops.reduce_max(chunk_scores, i64([-1]), True)
     spread = ops.exp(ops.subtract(chunk_scores, peak))
-    lse = ops.add(ops.log(ops.reduce_sum(spread, _i64([-1]), True)), peak)
+    lse = ops.add(ops.log(ops.reduce_sum(spread, i64([-1]), True)), peak)
     one = ops.constant(np.array(1.0, dtype=np.float32))
     chunk_out = ops.scaled_dot_product_attention(
         qg, new_k, new_v, chunk_mask, one, causal=False, name=f"{name}/split/chunk"
     )
     probs = ops.softmax(ops.concat([scores_past, lse], -1), -1)
-    parts = ops.variadic_split(probs, _i64(-1), ops.concat([capacity, _i64([1])], 0))
+    parts = ops.variadic_split(probs, i64(-1), ops.concat([capacity, i64([1])], 0))
     return ops.add(
         ops.matmul(parts.output(0), past_v, False, False, name=f"{name}/split/context_past"),
         ops.multiply(parts.output(1), chunk_out),
@@ -343,17 +339,17 @@ def split_attention(model: ov.Model, roles: ModelRoles) -> int:
         cache = (s.mask.get_node().get_instance_id(), s.mask.get_index(), s.groups)
         if cache not in masks:
             mask = _additive(s.mask, qg.get_element_type())  # [B, 1, P, C+P]
-            halves = ops.variadic_split(mask, _i64(-1), ops.concat([capacity, _i64([-1])], 0))
+            halves = ops.variadic_split(mask, i64(-1), ops.concat([capacity, i64([-1])], 0))
             # Past block rows are viewed as (g, p): its [B,1,P,C] mask broadcasts over g.
-            past_mask = ops.unsqueeze(halves.output(0), _i64([2])).output(0)
+            past_mask = ops.unsqueeze(halves.output(0), i64([2])).output(0)
             # Chunk block: its mask rows tiled G times (tiny: G*P x P).
-            chunk_mask = ops.tile(halves.output(1), _i64([1, 1, s.groups, 1])).output(0)
+            chunk_mask = ops.tile(halves.output(1), i64([1, 1, s.groups, 1])).output(0)
             masks[cache] = (past_mask, chunk_mask, capacity)
         past_mask, chunk_mask, capacity = masks[cache]
         scores = ops.matmul(qg, past_k, False, True, name=f"{name}/split/scores_past")
-        rows5 = ops.concat([_i64([0, 0, s.groups, -1]), capacity], 0)
+        rows5 = ops.concat([i64([0, 0, s.groups, -1]), capacity], 0)
         masked = ops.add(ops.reshape(scores, rows5, True), past_mask)
-        scores_past = ops.reshape(masked, ops.concat([_i64([0, 0, -1]), capacity], 0), True)
+        scores_past = ops.reshape(masked, ops.concat([i64([0, 0, -1]), capacity], 0), True)
         chunk_scores = ops.add(ops.matmul(qg, new_k, False, True), chunk_mask)
         if index == 0:
             context = _merge_through_sdpa(
@@ -361,7 +357,7 @@ def split_attention(model: ov.Model, roles: ModelRoles) -> int:
             )
         else:
             probs = ops.softmax(ops.concat([scores_past, chunk_scores], -1), -1)
-            parts = ops.variadic_split(probs, _i64(-1), ops.concat([capacity, _i64([-1])], 0))
+            parts = ops.variadic_split(probs, i64(-1), ops.concat([capacity, i64([-1])], 0))
             context = ops.add(
                 ops.matmul(
                     parts.output(0), past_v, False, False, name=f"{name}/split/context_past"
@@ -369,89 +365,6 @@ def split_attention(model: ov.Model, roles: ModelRoles) -> int:
                 ops.matmul(parts.output(1), new_v, False, False),
             ).output(0)
         heads = s.kv_heads * s.groups
-        out = ops.reshape(context, _i64([0, heads, -1, s.head_dim]), True, name=f"{name}/split")
+        out = ops.reshape(context, i64([0, heads, -1, s.head_dim]), True, name=f"{name}/split")
         s.sdpa.output(0).replace(out.output(0))
     return len(sites)
-
-
-# -- last-position LM head ----------------------------------------------------------
-
-
-def _parameter(model: ov.Model, name: str) -> ov.Node:
-    for p in model.get_parameters():
-        if name in p.output(0).names:
-            return p
-    raise ModelError(f"the specialization has no input {name!r}")
-
-
-def last_position_logits(model: ov.Model, roles: ModelRoles) -> None:
-    """Prefill: the LM head runs on the chunk's last real row only (logits [B, 1, V]).
-
-    The row is the number of unmasked chunk slots minus one, read from the mask's
-    last P entries: a right-padded short chunk masks its pads (``runtime.session``).
-    """
-    result = next((r for r in model.get_results() if roles.logits in r.output(0).names), None)
-    if result is None:
-        raise RewriteRefused(f"no {roles.logits!r} output")
-    node = result.input_value(0).get_node()
-    while node.get_type_name() != "MatMul":
-        if node.get_type_name() not in _LM_HEAD_PASS_THROUGH or node.get_input_size() == 0:
-            raise RewriteRefused(f"the logits come from {node.get_type_name()}, not a MatMul")
-        node = node.input_value(0).get_node()
-    hidden = node.input_value(0)
-    if hidden.get_partial_shape().rank.get_length() != 3:
-        raise RewriteRefused("the LM head's input is not [B, P, H]")
-    ids = _parameter(model, roles.input_ids).output(0)
-    mask = _parameter(model, roles.attention_mask).output(0)
-    chunk = _dims(ids, [1])
-    tail = ops.slice(
-        mask, ops.negative(chunk), _i64([np.iinfo(np.int64).max]), _i64([1]), _i64([1])
-    )
-    real = ops.reduce_sum(ops.convert(tail, ov.Type.i64), _i64([1]), False)  # [B]
-    row = ops.subtract(ops.gather(real, _i64(0), _i64(0)), _i64(1))  # scalar
-    last = ops.unsqueeze(ops.gather(hidden, row, _i64(1)), _i64([1]))
-    node.input(0).replace_source_output(last.output(0))
-
-
-# -- live-tokens state (CPU) --------------------------------------------------------
-
-
-def live_tokens_state(model: ov.Model, roles: ModelRoles, capacity_tokens: int) -> None:
-    """The graph keeps its live KV length as state and builds its own mask and positions.
-
-    ``attention_mask`` and ``position_ids`` stop being inputs: past slot j is visible iff
-    j < t, the chunk's P tokens are all real and sit at positions t..t+P-1, and the call
-    leaves t + P in the state. The runtime sets t when it binds a rung (and nothing per
-    step). A state variable and an SDPA make OpenVINO's CPU plugin treat the graph as an
-    LLM: f16 weights stay f16 in FullyConnected (DESIGN.md §10.15).
-    """
-    mask_param = _parameter(model, roles.attention_mask)
-    ids = _parameter(model, roles.input_ids).output(0)
-    info = VariableInfo()
-    info.variable_id = LIVE_TOKENS_VARIABLE
-    info.data_type = ov.Type.i32
-    info.data_shape = ov.PartialShape([1])
-    variable = Variable(info)
-    stored = ops.read_value(ops.constant(np.zeros([1], dtype=np.int32)), variable)
-    live = ops.convert(stored, ov.Type.i64).output(0)
-    chunk = _dims(ids, [1])
-    mask_type = mask_param.output(0).get_element_type()
-    slots = ops.range(_i64(0), _i64(capacity_tokens), _i64(1), ov.Type.i64)
-    past = ops.convert(ops.less(slots, live), mask_type)
-    fresh = ops.broadcast(ops.constant(np.array(1), mask_type), chunk)
-    mask = ops.unsqueeze(ops.concat([past, fresh], 0), _i64([0]))
-    for target in list(mask_param.output(0).get_target_inputs()):
-        target.replace_source_output(mask.output(0))
-    model.remove_parameter(mask_param)
-    if roles.position_ids is not None:
-        pos_param = _parameter(model, roles.position_ids)
-        offsets = ops.range(_i64(0), ops.squeeze(chunk, _i64([0])), _i64(1), ov.Type.i64)
-        positions = ops.unsqueeze(ops.add(offsets, live), _i64([0]))
-        if pos_param.output(0).get_element_type() != ov.Type.i64:
-            positions = ops.convert(positions, pos_param.output(0).get_element_type())
-        for target in list(pos_param.output(0).get_target_inputs()):
-            target.replace_source_output(positions.output(0))
-        model.remove_parameter(pos_param)
-    model.add_sinks([ops.assign(ops.convert(ops.add(live, chunk), ov.Type.i32), variable)])
-    if not any(v.get_info().variable_id == LIVE_TOKENS_VARIABLE for v in model.get_variables()):
-        model.add_variables([variable])  # add_sinks registers it in some OpenVINO versions

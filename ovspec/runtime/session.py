@@ -16,7 +16,7 @@ import numpy as np
 import openvino as ov
 
 from ovspec.errors import LadderError
-from ovspec.ir.rewrites import LIVE_TOKENS_VARIABLE
+from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE, PRESENTS_OUTPUT
 from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import Specialization, prefill_specialization
 from ovspec.ladder import Ladder
@@ -71,6 +71,8 @@ class _Bound:
         self.capacity = spec.capacity_tokens
         names = {port.get_any_name() for port in compiled.inputs}
         self.live_state = roles.attention_mask not in names
+        # One stacked output for every present (the merged-presents rewrite), or one each.
+        self.merged_presents = any(PRESENTS_OUTPUT in port.names for port in compiled.outputs)
         chunk_dim = compiled.input(roles.input_ids).get_partial_shape()[1]
         self.chunk_varies = chunk_dim.is_dynamic
         self.chunk = spec.chunk_tokens if self.chunk_varies else chunk_dim.get_length()
@@ -126,6 +128,14 @@ class _Bound:
     def output(self, name: str) -> np.ndarray:
         data: np.ndarray = self.request.get_tensor(name).data
         return data
+
+    def presents(self) -> dict[str, np.ndarray]:
+        """Each present output's new K/V by name (views, valid until the next call)."""
+        kv = self._roles.kv
+        if self.merged_presents:
+            stacked = self.output(PRESENTS_OUTPUT)
+            return {role.present_output: stacked[i] for i, role in enumerate(kv)}
+        return {role.present_output: self.output(role.present_output) for role in kv}
 
     def logits(self, real_tokens: int) -> np.ndarray:
         """The last real token's logits (row 0 of a last-position head)."""
@@ -190,7 +200,7 @@ class DecodeSession:
             self.steps.append(
                 StepRecord(t, cap, n, True, began - self.origin_s, time.perf_counter() - began)
             )
-            self.kv.write(self._presents(bound), n)
+            self.kv.write(bound.presents(), n)
             logits = bound.logits(n)
         del bound  # the request goes before its graph may be released
         if self.release_passed:
@@ -216,7 +226,7 @@ class DecodeSession:
                 time.perf_counter() - began,
             )
         )
-        self.kv.write(self._presents(bound), 1)
+        self.kv.write(bound.presents(), 1)
         bound.mask[0, t] = 1
         return bound.logits(1)
 
@@ -253,6 +263,3 @@ class DecodeSession:
                 at, crossed - self.origin_s, migration, waited, time.perf_counter() - began
             )
         )
-
-    def _presents(self, bound: _Bound) -> dict[str, np.ndarray]:
-        return {role.present_output: bound.output(role.present_output) for role in self.roles.kv}

@@ -11,9 +11,9 @@ import pytest
 from conftest import DirectPrograms, load_llm
 
 from ovspec.errors import ModelError
+from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE, PRESENTS_OUTPUT
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
 from ovspec.ir.rewrites import (
-    LIVE_TOKENS_VARIABLE,
     GraphRewrite,
     RewriteSet,
     apply_rewrites,
@@ -29,6 +29,8 @@ SETS = {
     "split": RewriteSet.parse("split-attention"),
     "npu-default": RewriteSet.for_device("NPU"),
     "cpu-default": RewriteSet.for_device("CPU"),
+    # CPU graphs before s21: one output per present.
+    "cpu-separate": RewriteSet.parse("split-attention+last-position-logits+live-tokens-state"),
 }
 
 
@@ -45,7 +47,7 @@ def model_dir(request: pytest.FixtureRequest, tiny_dir: Path) -> Path:
 
 # A rung's decode runs on its own graph, or (live-tokens state only: a graph taking 1..P
 # tokens) on its prefill graph, as LoadMode.COMPILE serves it.
-CASES = [(name, False) for name in SETS] + [("cpu-default", True)]
+CASES = [(name, False) for name in SETS] + [("cpu-default", True), ("cpu-separate", True)]
 
 
 @pytest.mark.parametrize(
@@ -103,6 +105,56 @@ def test_split_attention_reads_the_past_without_copying_it(qwen2_dir: Path) -> N
     assert counts(split, "ScaledDotProductAttention") == 1
 
 
+def test_merged_presents_stack_every_layer_in_role_order(qwen2_dir: Path) -> None:
+    """One output holds every present, row i being ``roles.kv[i]``'s new K/V: the
+    separate graph's outputs, stacked."""
+    llm = load_llm(qwen2_dir)
+    spec = Specialization.prefill(32, 8)
+    merged = llm.specialize(spec, SETS["cpu-default"])
+    separate = llm.specialize(spec, SETS["cpu-separate"])
+    assert [o.get_any_name() for o in merged.outputs if "logits" not in o.names] == [
+        PRESENTS_OUTPUT
+    ]
+    core = ov.Core()
+    rng = np.random.default_rng(3)
+    pasts = {
+        role.past_input: rng.standard_normal(role.shape(1, 32)).astype(np.float32)
+        for role in llm.roles.kv
+    }
+    outputs = []
+    for model in (merged, separate):
+        request = core.compile_model(model, "CPU", EXACT_CPU_PROPERTIES).create_infer_request()
+        for name, data in pasts.items():
+            request.set_tensor(name, ov.Tensor(data))
+        state = next(s for s in request.query_state() if s.name == LIVE_TOKENS_VARIABLE)
+        state.state = ov.Tensor(np.array([5], dtype=np.int32))
+        request.set_tensor("input_ids", ov.Tensor(np.array([[7, 8, 9]], dtype=np.int64)))
+        request.infer()
+        outputs.append(request)
+    stacked = outputs[0].get_tensor(PRESENTS_OUTPUT).data
+    assert stacked.shape[0] == len(llm.roles.kv)
+    for i, role in enumerate(llm.roles.kv):
+        np.testing.assert_array_equal(stacked[i], outputs[1].get_tensor(role.present_output).data)
+
+
+def test_merged_presents_refuses_presents_of_different_shapes(qwen2_dir: Path) -> None:
+    llm = load_llm(qwen2_dir)
+    model = llm.specialize(Specialization.decode(32), SETS["cpu-separate"])
+    # Make the first layer's key present wider than the others: no common stacked shape.
+    key = next(
+        r for r in model.get_results() if llm.roles.kv[0].present_output in r.output(0).names
+    )
+    wider = ov.opset13.concat([key.input_value(0), key.input_value(0)], -1)
+    key.input(0).replace_source_output(wider.output(0))
+    model.validate_nodes_and_infer_types()
+    before = sorted(o.get_any_name() for o in model.outputs)
+    notes = apply_rewrites(model, llm.roles, RewriteSet.parse("merged-presents"), False, 32)
+    assert notes == (
+        "merged-presents not applied: the present outputs differ in element type or shape",
+    )
+    assert sorted(o.get_any_name() for o in model.outputs) == before
+
+
 def test_last_position_head_computes_one_row(qwen2_dir: Path) -> None:
     llm = load_llm(qwen2_dir)
     prefill = llm.specialize(Specialization.prefill(32, 8), SETS["npu-default"])
@@ -142,7 +194,9 @@ def test_a_refused_rewrite_leaves_the_graph_as_it_was(qwen2_dir: Path) -> None:
 
 def test_rewrite_sets_parse_and_name_themselves() -> None:
     cpu = RewriteSet.for_device("CPU")
-    assert cpu.canonical == "last-position-logits+live-tokens-state+split-attention"
+    assert cpu.canonical == (
+        "last-position-logits+live-tokens-state+merged-presents+split-attention"
+    )
     assert RewriteSet.parse(cpu.canonical) == cpu
     assert RewriteSet.parse("split-attention,last-position-logits") == RewriteSet.for_device("NPU")
     assert GraphRewrite.LIVE_STATE not in RewriteSet.for_device("NPU")
