@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING
 import openvino as ov
 import pytest
 
-from ovspec.compile.compiler import serving_spec
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import RewriteSet
-from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir
+from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir, serving_spec
 from ovspec.store.local import Store
 
 if TYPE_CHECKING:
@@ -44,7 +43,8 @@ class DirectPrograms:
         self.core = ov.Core()
 
     def get(self, spec: Specialization) -> ov.CompiledModel:
-        spec = serving_spec(spec, self.rung_chunk_tokens)
+        # Every rung decodes on its prefill graph (as the prompt's rung does in COMPILE mode).
+        spec = serving_spec(spec, self.rung_chunk_tokens, frozenset({spec.capacity_tokens}))
         if spec not in self.compiled:
             model = self.llm.specialize(spec, self.rewrites)
             self.compiled[spec] = self.core.compile_model(model, "CPU", self.properties)

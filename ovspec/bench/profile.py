@@ -23,13 +23,12 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from ovspec.compile.compiler import serving_spec
 from ovspec.compile.devices import device_family
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.rewrites import GraphRewrite, RewriteSet
-from ovspec.ir.specialize import Specialization, prepare, read_ir
+from ovspec.ir.specialize import Specialization, prepare, read_ir, serving_spec
 
 DEFAULT_PROFILE_STEPS = 8
 
@@ -279,7 +278,8 @@ def profile_rung(
     """Profile decode@``capacity_tokens`` holding ``live_tokens`` (default: capacity - 1)
     next to the stateful IR holding as many, with ``PERF_COUNT`` on for both. With
     ``chunk_tokens`` and the live-tokens rewrite the step runs on the rung's prefill graph
-    (1..P tokens), as ``ovspec.open`` on CPU runs it."""
+    (1..P tokens), as ``ovspec.open`` on CPU runs the prompt's rung (later rungs decode on
+    static graphs of their own)."""
     if steps < 1:
         raise BadRequestError(f"{arg('steps', str(steps))} must be at least 1")
     live = capacity_tokens - 1 if live_tokens is None else live_tokens
@@ -292,7 +292,8 @@ def profile_rung(
     props = {**(properties or {}), "PERF_COUNT": "YES"}
     core = ov.Core()
     one_graph = chunk_tokens if GraphRewrite.LIVE_STATE in rewrite_set else None
-    spec = serving_spec(Specialization.decode(capacity_tokens), one_graph)
+    decode = Specialization.decode(capacity_tokens)
+    spec = serving_spec(decode, one_graph, frozenset({capacity_tokens}))
     rung_stepper, kv_bytes = _rung_step(core, model_dir, spec, live, device, props, rewrite_set)
     peer = StatefulPeer(model_dir, device, props, core).stepper(live)
     profiles = interleaved([rung_stepper] if peer is None else [rung_stepper, peer], steps)

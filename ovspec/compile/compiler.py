@@ -43,8 +43,8 @@ from ovspec.ir.rewrites import GraphRewrite, RewriteSet
 from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import (
     DynamicLLM,
-    Phase,
     Specialization,
+    serving_spec,
     transforms_id,
 )
 from ovspec.store.digests import DigestMemo
@@ -87,16 +87,6 @@ class LoadMode(Enum):
 
 def default_load_mode(device: str) -> LoadMode:
     return LoadMode.COMPILE if device_family(device) == "CPU" else LoadMode.IMPORT
-
-
-def serving_spec(spec: Specialization, rung_chunk_tokens: int | None) -> Specialization:
-    """The graph that serves ``spec`` when a rung's prefill graph takes 1..P tokens (the
-    live-tokens rewrite) and also decodes: one graph per rung. ``None``: ``spec``'s own."""
-    if rung_chunk_tokens is None or spec.phase is Phase.PREFILL:
-        return spec
-    return Specialization.prefill(
-        spec.capacity_tokens, min(rung_chunk_tokens, spec.capacity_tokens)
-    )
 
 
 def blob_compile_properties(mode: BlobMode) -> dict[str, str]:
@@ -183,6 +173,8 @@ class Compiler:
             if load_mode is LoadMode.COMPILE and GraphRewrite.LIVE_STATE in self.rewrites
             else None
         )
+        # Rungs whose decode is served by their prefill graph (the prompt's: share_rung).
+        self._shared_rungs: frozenset[int] = frozenset()
         self._compile_properties = {**self.properties, **blob_compile_properties(blob_mode)}
         self._core = ov.Core()
         self._prepared = PreparedModel(model_dir, self.compression, llm)
@@ -427,9 +419,14 @@ class Compiler:
             ) from exc
         return compiled, backing
 
+    def share_rung(self, capacity_tokens: int) -> None:
+        """Serve this rung's decode from its prefill graph (the rung the prompt runs on:
+        its graph is compiled anyway). Other rungs decode on static graphs of their own."""
+        self._shared_rungs = self._shared_rungs | {capacity_tokens}
+
     def graph_spec(self, spec: Specialization) -> Specialization:
         """The specialization whose graph serves ``spec`` in COMPILE mode."""
-        return serving_spec(spec, self.rung_chunk_tokens)
+        return serving_spec(spec, self.rung_chunk_tokens, self._shared_rungs)
 
     def specialize(self, spec: Specialization) -> ov.Model:
         """``spec`` as a graph with this compiler's rewrites."""

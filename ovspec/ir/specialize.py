@@ -101,6 +101,25 @@ def prefill_specialization(capacity_tokens: int, chunk_tokens: int) -> Specializ
     return Specialization.prefill(capacity_tokens, min(chunk_tokens, capacity_tokens))
 
 
+def serving_spec(
+    spec: Specialization, rung_chunk_tokens: int | None, shared_rungs: frozenset[int]
+) -> Specialization:
+    """The graph that serves ``spec``: a rung in ``shared_rungs`` decodes on its prefill
+    graph when that graph takes 1..P tokens (the live-tokens rewrite; ``rung_chunk_tokens``
+    P, else None): one graph, one copy of the weights, for the rung the prompt runs on.
+    Any other spec is served by its own graph (a rung's decode: a static graph, whose
+    step is ~10% faster; DESIGN.md §10.15)."""
+    if (
+        rung_chunk_tokens is None
+        or spec.phase is Phase.PREFILL
+        or spec.capacity_tokens not in shared_rungs
+    ):
+        return spec
+    return Specialization.prefill(
+        spec.capacity_tokens, min(rung_chunk_tokens, spec.capacity_tokens)
+    )
+
+
 @dataclass(frozen=True)
 class DynamicLLM:
     """A stateless LLM graph whose present outputs hold only new tokens; clone to specialize."""
@@ -191,6 +210,37 @@ def _set_input_shapes(model: ov.Model, shapes: Mapping[str, ov.PartialShape]) ->
     return True
 
 
+# ConstantFolding skips a node whose rt_info holds this key (``DisableConstantFolding``'s
+# type name and version, as OpenVINO's ``constant_folding_is_disabled`` reads it).
+HOLD_FOLDING_KEY = "DisableConstantFolding_0"
+
+
+def hold_weight_lookups(model: ov.Model) -> int:
+    """Keep constant folding off each Gather that reads a decompressed weight table (the
+    token embedding): returns how many.
+
+    The CPU plugin moves the f16 -> f32 Convert after such a Gather, and OpenVINO's
+    ConstantFolding then tries the Gather whenever its output shape is static (a static
+    decode graph's is): it converts the whole table to f32 (545 MB on the 0.5B preset)
+    before it finds the indices are not constant, and throws it away, in each of its
+    11 runs. Held, a static decode graph compiled in 2.2 s instead of 8.0 s, into the
+    same compiled model (s21). The Gather's indices are token ids: it can never fold.
+    """
+    held = 0
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "Gather":
+            continue
+        source = op.input_value(0).get_node()
+        if (
+            source.get_type_name() == "Convert"
+            and source.input_value(0).get_node().get_type_name() == "Constant"
+            and source.get_input_element_type(0) in (ov.Type.f16, ov.Type.bf16)
+        ):
+            op.get_rt_info()[HOLD_FOLDING_KEY] = ""
+            held += 1
+    return held
+
+
 def largest_weight_address(model: ov.Model) -> int | None:
     """The data address of ``model``'s largest Constant (None without one)."""
     constants = [op for op in model.get_ordered_ops() if op.get_type_name() == "Constant"]
@@ -216,6 +266,7 @@ def prepare(model: ov.Model) -> DynamicLLM:
     Mutates ``model`` (read a fresh one, or pass a clone).
     """
     to_stateless(model)
+    hold_weight_lookups(model)
     report = normalize(model, infer_types=False)  # specialize infers them after its reshape
     roles = discover_roles(model)
     # Each present result is found by the past input its Concat reads, not by name:

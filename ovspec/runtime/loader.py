@@ -149,6 +149,8 @@ class Loader:
     def _start(self, first_capacity_tokens: int) -> None:
         decode = Specialization.decode(first_capacity_tokens)
         prefill = self._prefill(first_capacity_tokens) if self.prefill_chunk_tokens else None
+        if prefill is not None:
+            self.compiler.share_rung(first_capacity_tokens)
         if self.policy is Policy.EAGER:
             self._steady()
             rungs = [c for c in self.ladder if c >= first_capacity_tokens]

@@ -8,11 +8,20 @@ import numpy as np
 import openvino as ov
 import pytest
 from conftest import DirectPrograms, load_llm
+from openvino._pyopenvino.passes import ConstantFolding, Manager
 
 from ovspec.errors import ModelError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
 from ovspec.ir.roles import KVKind
-from ovspec.ir.specialize import Phase, Specialization, prepare, read_ir
+from ovspec.ir.specialize import (
+    HOLD_FOLDING_KEY,
+    Phase,
+    Specialization,
+    hold_weight_lookups,
+    prepare,
+    read_ir,
+    serving_spec,
+)
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import CopyAndGrowKV, SharedMaxKV
 from ovspec.runtime.session import DecodeSession
@@ -197,3 +206,40 @@ def test_roles_survive_their_json_record(fixture_dir: Path) -> None:
     for broken in ({}, {"kv": []}, {**roles.to_json(), "kv": [{"layer": "x"}]}, "text"):
         with pytest.raises(ValueError, match="malformed roles record"):
             ModelRoles.from_json(broken)
+
+
+def test_a_shared_rung_decodes_on_its_prefill_graph_and_others_on_their_own() -> None:
+    decode = Specialization.decode(64)
+    assert serving_spec(decode, 16, frozenset({64})) == Specialization.prefill(64, 16)
+    assert serving_spec(Specialization.decode(8), 16, frozenset({8})) == (
+        Specialization.prefill(8, 8)  # the chunk shrinks to a small rung
+    )
+    assert serving_spec(decode, 16, frozenset({32})) == decode  # a static graph of its own
+    assert serving_spec(decode, None, frozenset({64})) == decode  # no 1..P graph
+    prefill = Specialization.prefill(64, 16)
+    assert serving_spec(prefill, 16, frozenset()) == prefill
+
+
+def test_weight_lookups_are_held_out_of_constant_folding(tiny_dir: Path) -> None:
+    """The embedding Gather of an f16 table carries the key, through a specialization's
+    clone; and this OpenVINO's ConstantFolding honours the key (a canary: a renamed key
+    fails here)."""
+    llm = load_llm(tiny_dir)
+    model = llm.specialize(Specialization.decode(32))
+    held = [op for op in model.get_ordered_ops() if HOLD_FOLDING_KEY in op.get_rt_info()]
+    assert [op.get_type_name() for op in held] == ["Gather"]
+    table = ov.opset13.constant(np.ones((4, 3), dtype=np.float16))
+    indices = ov.opset13.constant(np.array([1, 2], dtype=np.int64))
+    folded = []
+    for hold in (False, True):
+        gather = ov.opset13.gather(ov.opset13.convert(table, ov.Type.f32), indices, 0)
+        if hold:
+            assert hold_weight_lookups(ov.Model([gather], [])) == 1
+        probe = ov.Model([gather], [])
+        manager = Manager()
+        manager.register_pass(ConstantFolding())
+        manager.run_passes(probe)
+        folded.append(
+            {op.get_type_name() for op in probe.get_ordered_ops()} == {"Constant", "Result"}
+        )
+    assert folded == [True, False]

@@ -178,8 +178,9 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
 
 
 def test_cpu_compiles_one_graph_per_rung_from_the_ir(qwen2_dir: Path, store: Store) -> None:
-    """CPU's default: each rung compiled from the IR, its prefill graph also decoding;
-    the store is never read nor written (DESIGN.md §10.15)."""
+    """CPU's default: each rung compiled from the IR, the prompt's rung decoding on its
+    prefill graph and later rungs on static decode graphs of their own; the store is
+    never read nor written (DESIGN.md §10.15)."""
     prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
     expected = StatefulRunner(
         ov.Core().read_model(qwen2_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
@@ -198,6 +199,11 @@ def test_cpu_compiles_one_graph_per_rung_from_the_ir(qwen2_dir: Path, store: Sto
         assert decode32.compiled is prefill.compiled and decode32.reused
         inputs = {port.get_any_name() for port in prefill.compiled.inputs}
         assert "attention_mask" not in inputs  # the live-tokens state builds it
+        assert prefill.compiled.input("input_ids").get_partial_shape().is_dynamic  # 1..P
+        decode64 = loader.program(Specialization.decode(64))
+        assert decode64 is not None and not decode64.reused
+        assert decode64.compiled.input("input_ids").get_partial_shape().is_static  # 1 token
+        assert loader.program(Specialization.prefill(64, 8)) is None
     assert list(result.token_ids) == expected
     kinds = {e.kind for e in result.events}
     assert EventKind.STORE_HIT not in kinds and EventKind.COMPILED in kinds

@@ -30,6 +30,9 @@ class FakeCompiler:
     def graph_spec(self, spec: Specialization) -> Specialization:
         return spec  # every specialization has its own graph
 
+    def share_rung(self, capacity_tokens: int) -> None:
+        pass  # no graph serves two specializations here
+
     def load(self, spec: Specialization) -> Program:
         time.sleep(self.load_s)
         with self.lock:

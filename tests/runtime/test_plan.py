@@ -51,6 +51,9 @@ class FakeCompiler:
     def graph_spec(self, spec: Specialization) -> Specialization:
         return spec  # every specialization has its own graph
 
+    def share_rung(self, capacity_tokens: int) -> None:
+        pass  # no graph serves two specializations here
+
     def load(self, spec: Specialization) -> Program:
         build = BuildOutcome(spec, "0" * 32, False, 0.0, 0.0, 0.0, 1, Path("/dev/null"))
         return Program(spec, object(), build, 0.0, None)  # type: ignore[arg-type]
