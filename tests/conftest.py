@@ -25,8 +25,9 @@ FIXTURE_NAMES = ("qwen2", "llama")
 
 class DirectPrograms:
     """Compiles each specialization once on CPU, no store: the simplest ``Programs``.
-    With ``rung_chunk_tokens`` a rung's decode runs on its 1..P prefill graph, as
-    ``LoadMode.COMPILE`` serves it."""
+    With ``rung_chunk_tokens`` every rung's decode runs on its 1..P prefill graph, as
+    ``LoadMode.COMPILE`` serves the prompt's rung (later rungs there get static decode
+    graphs, the ``one_graph=False`` cases)."""
 
     def __init__(
         self,

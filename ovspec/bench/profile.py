@@ -59,6 +59,7 @@ class RungProfile:
     weights_bytes: int
     weights_read_ms: float  # every thread summing the .bin's bytes, already in memory
     kv_bytes: int  # the rung's live KV at this length
+    graph: str = ""  # the specialization whose graph stepped: decode@C, or prefill@CxP
 
     def __post_init__(self) -> None:
         if not 0 <= self.live_tokens < self.capacity_tokens:
@@ -79,6 +80,7 @@ class RungProfile:
             "live_tokens": self.live_tokens,
             "steps": self.steps,
             "rewrites": self.rewrites,
+            "graph": self.graph,
             "rung": step(self.rung),
             "stateful": step(self.stateful),
             "floor": {
@@ -274,12 +276,13 @@ def profile_rung(
     rewrites: RewriteSet | None = None,
     steps: int = DEFAULT_PROFILE_STEPS,
     chunk_tokens: int | None = None,
+    prompt_rung: bool = False,
 ) -> RungProfile:
     """Profile decode@``capacity_tokens`` holding ``live_tokens`` (default: capacity - 1)
     next to the stateful IR holding as many, with ``PERF_COUNT`` on for both. With
-    ``chunk_tokens`` and the live-tokens rewrite the step runs on the rung's prefill graph
-    (1..P tokens), as ``ovspec.open`` on CPU runs the prompt's rung (later rungs decode on
-    static graphs of their own)."""
+    ``prompt_rung``, ``chunk_tokens`` and the live-tokens rewrite the step runs on the
+    rung's prefill graph (1..P tokens), as ``ovspec.open`` on CPU runs the prompt's rung;
+    otherwise on the rung's own decode graph, as every later rung runs."""
     if steps < 1:
         raise BadRequestError(f"{arg('steps', str(steps))} must be at least 1")
     live = capacity_tokens - 1 if live_tokens is None else live_tokens
@@ -293,7 +296,7 @@ def profile_rung(
     core = ov.Core()
     one_graph = chunk_tokens if GraphRewrite.LIVE_STATE in rewrite_set else None
     decode = Specialization.decode(capacity_tokens)
-    spec = serving_spec(decode, one_graph, frozenset({capacity_tokens}))
+    spec = serving_spec(decode, one_graph, frozenset({capacity_tokens} if prompt_rung else ()))
     rung_stepper, kv_bytes = _rung_step(core, model_dir, spec, live, device, props, rewrite_set)
     peer = StatefulPeer(model_dir, device, props, core).stepper(live)
     profiles = interleaved([rung_stepper] if peer is None else [rung_stepper, peer], steps)
@@ -311,4 +314,5 @@ def profile_rung(
         weights_bytes=size,
         weights_read_ms=read_ms,
         kv_bytes=kv_bytes,
+        graph=spec.label,
     )

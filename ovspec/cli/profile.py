@@ -48,6 +48,15 @@ TOP_TYPES = 12
     help="Graph rewrites, '+'-joined (split-attention, last-position-logits, "
     "live-tokens-state, merged-presents) or none.  [default: the device's]",
 )
+@click.option(
+    "--graph",
+    "graph",
+    type=click.Choice(["later", "prompt"]),
+    default="later",
+    show_default=True,
+    help="The graph stepped: 'later', the static decode graph every rung after the "
+    "prompt's decodes on; 'prompt', the 1..P graph the prompt's rung decodes on (CPU).",
+)
 @chunk_option
 @device_options
 @cache_dir_option
@@ -58,6 +67,7 @@ def profile(
     live_tokens: int | None,
     steps: int,
     rewrites: str | None,
+    graph: str,
     chunk_tokens: int,
     device: str,
     config: tuple[tuple[str, str], ...],
@@ -85,14 +95,15 @@ def profile(
         rewrites=rewrite_set,
         steps=steps,
         chunk_tokens=chunk_tokens,
+        prompt_rung=graph == "prompt",
     )
     if as_json:
         emit_json(report.to_json())
         return
     stateful = report.stateful
     click.echo(
-        f"decode@{report.capacity_tokens} with {report.live_tokens} live tokens on "
-        f"{report.device}, rewrites {report.rewrites}; medians of {report.steps} steps"
+        f"decode@{report.capacity_tokens} ({report.graph}) with {report.live_tokens} live "
+        f"tokens on {report.device}, rewrites {report.rewrites}; medians of {report.steps} steps"
     )
     peer = "stateful" if stateful is not None else "(no stateful IR)"
     click.echo(f"{'op type':<28} {'rung ms':>10} {peer + ' ms':>14}")

@@ -166,8 +166,8 @@ class Compiler:
         )
         self.load_mode = load_mode
         # With the live-tokens state a prefill graph takes 1..P tokens per call, so it
-        # also decodes: given P, COMPILE mode serves a rung's decode from that graph
-        # (one compiled graph, one copy of the weights per rung; DESIGN.md §10.15).
+        # also decodes: given P, COMPILE mode serves the prompt's rung's decode from that
+        # graph (``share_rung``); later rungs get static decode graphs (DESIGN.md §10.15).
         self.rung_chunk_tokens = (
             rung_chunk_tokens
             if load_mode is LoadMode.COMPILE and GraphRewrite.LIVE_STATE in self.rewrites
@@ -420,9 +420,11 @@ class Compiler:
         return compiled, backing
 
     def share_rung(self, capacity_tokens: int) -> None:
-        """Serve this rung's decode from its prefill graph (the rung the prompt runs on:
-        its graph is compiled anyway). Other rungs decode on static graphs of their own."""
-        self._shared_rungs = self._shared_rungs | {capacity_tokens}
+        """Serve this rung's decode from its prefill graph (the rung a prompt runs on: its
+        graph is compiled anyway); every other rung decodes on a static graph of its own.
+        The last call wins: a later prompt on another rung does not make earlier rungs
+        keep their slower 1..P graph (one assignment: safe beside a worker's read)."""
+        self._shared_rungs = frozenset({capacity_tokens})
 
     def graph_spec(self, spec: Specialization) -> Specialization:
         """The specialization whose graph serves ``spec`` in COMPILE mode."""

@@ -79,7 +79,8 @@ class RewriteSet:
         """The default set. Split attention and the last-position head are plain opset
         ops for every device; the live-tokens state only for CPU, whose plugin keeps f16
         weights (half the memory and bytes read per step) only for a model with an SDPA
-        and a state variable (DESIGN.md §10.15). NPU graphs stay stateless."""
+        and a state variable (DESIGN.md §10.15), and the merged presents only for CPU,
+        where they were measured. NPU graphs stay stateless, their outputs as exported."""
         base = {GraphRewrite.SPLIT_ATTENTION, GraphRewrite.LAST_POSITION}
         if family == "CPU":
             base |= {GraphRewrite.LIVE_STATE, GraphRewrite.MERGED_PRESENTS}

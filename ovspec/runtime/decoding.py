@@ -75,8 +75,9 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     """A lazy loader for ``model`` (a folder, or ``builtin:PRESET``) over ``ladder``.
 
     ``load_mode`` defaults to the device's (``compile`` on CPU: graphs compiled from the
-    IR, one per rung serving both phases; ``import`` elsewhere: blobs through the
-    store); ``rewrites`` to the device's rewrite set (``RewriteSet.for_device``).
+    IR, the prompt's rung on one graph for both phases, later rungs on static decode
+    graphs; ``import`` elsewhere: blobs through the store); ``rewrites`` to the
+    device's rewrite set (``RewriteSet.for_device``).
     Close it (or use it as a context manager): it owns its worker thread, and the
     store too when it opened one. ``kv_layout`` becomes ``decode``'s default; a remap
     ladder the layout cannot map is refused here, before anything compiles.

@@ -150,12 +150,21 @@ class Loader:
         decode = Specialization.decode(first_capacity_tokens)
         prefill = self._prefill(first_capacity_tokens) if self.prefill_chunk_tokens else None
         if prefill is not None:
-            self.compiler.share_rung(first_capacity_tokens)
+            with self._lock:
+                decode_held = decode in self._programs or decode in self._pending
+            if not decode_held:  # an earlier sequence's graph for it is kept as it is
+                self.compiler.share_rung(first_capacity_tokens)
+        shared = prefill is not None and (
+            self.compiler.graph_spec(decode) == self.compiler.graph_spec(prefill)
+        )
         if self.policy is Policy.EAGER:
             self._steady()
             rungs = [c for c in self.ladder if c >= first_capacity_tokens]
-            specs = [*([prefill] if prefill else []), decode]
-            specs += [Specialization.decode(c) for c in rungs[1:]]
+            later = [Specialization.decode(c) for c in rungs[1:]]
+            # A decode served by the prompt's graph is taken last, once that graph is in:
+            # no worker slot waits on it.
+            first = [decode] if prefill is None else [prefill, decode]
+            specs = [prefill, *later, decode] if shared and prefill else [*first, *later]
             for spec in specs[1::2]:
                 self._submit(spec, foreground=True)
             for spec in specs:
@@ -168,7 +177,7 @@ class Loader:
         # the prompt's graph is the first decode graph too, and the worker stays idle.
         # The decode is taken at once (no compile, no warm-up): it keeps the graph alive
         # when the session releases the prefill after the prompt.
-        if self.compiler.graph_spec(decode) != self.compiler.graph_spec(prefill):
+        if not shared:
             self._submit(decode, foreground=True)
             self._obtain(prefill, record_wait=False)
             return

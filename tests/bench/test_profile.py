@@ -20,6 +20,7 @@ def test_profile_names_the_op_types_of_both_graphs(qwen2_dir: Path) -> None:
         ModelDir.open(qwen2_dir), 32, steps=2, properties=EXACT_CPU_PROPERTIES, chunk_tokens=8
     )
     assert report.live_tokens == 31 and report.rewrites == RewriteSet.for_device("CPU").canonical
+    assert report.graph == "decode@32"  # a later rung's static graph, by default
     assert "FullyConnected" in report.rung.by_type_ms
     assert report.stateful is not None
     assert "ScaledDotProductAttentionWithKVCache" in report.stateful.by_type_ms  # genai's fused op

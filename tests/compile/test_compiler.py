@@ -11,7 +11,7 @@ import pytest
 from conftest import load_llm
 
 from ovspec.compile.blobfile import FileSink
-from ovspec.compile.compiler import BlobMode, Compiler
+from ovspec.compile.compiler import BlobMode, Compiler, LoadMode
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
@@ -158,3 +158,19 @@ def test_weights_digest_is_memoized_across_compilers(qwen2_dir: Path, store: Sto
     assert fresh.hashed_files == 0
     memo.close()
     fresh.close()
+
+
+def test_only_the_latest_prompts_rung_decodes_on_its_prefill_graph(
+    qwen2_dir: Path, store: Store
+) -> None:
+    cpu = RewriteSet.for_device("CPU")
+    compiler = make(qwen2_dir, store, rewrites=cpu, load_mode=LoadMode.COMPILE, rung_chunk_tokens=8)
+    try:
+        assert compiler.graph_spec(Specialization.decode(64)) == Specialization.decode(64)
+        compiler.share_rung(64)
+        assert compiler.graph_spec(Specialization.decode(64)) == Specialization.prefill(64, 8)
+        compiler.share_rung(32)  # a later prompt on another rung: 64 goes back to static
+        assert compiler.graph_spec(Specialization.decode(64)) == Specialization.decode(64)
+        assert compiler.graph_spec(Specialization.decode(32)) == Specialization.prefill(32, 8)
+    finally:
+        compiler.close()

@@ -177,7 +177,9 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
     assert prefill_loaded <= result.ready_s <= result.first_token_s
 
 
-def test_cpu_compiles_one_graph_per_rung_from_the_ir(qwen2_dir: Path, store: Store) -> None:
+def test_cpu_compiles_the_prompts_rung_as_one_graph_and_later_rungs_static(
+    qwen2_dir: Path, store: Store
+) -> None:
     """CPU's default: each rung compiled from the IR, the prompt's rung decoding on its
     prefill graph and later rungs on static decode graphs of their own; the store is
     never read nor written (DESIGN.md §10.15)."""
@@ -216,6 +218,34 @@ def test_cpu_compiles_one_graph_per_rung_from_the_ir(qwen2_dir: Path, store: Sto
     assert prefill_in.spec == "prefill@32x8" and decode_in.at_s <= result.ready_s
     assert "warm-up 0.000 s" in decode_in.note
     assert store.stats().entries == 0
+
+
+def test_a_later_prompt_on_a_static_rung_keeps_its_graph(qwen2_dir: Path, store: Store) -> None:
+    """A loader serving two sequences: the first ends on rung 64, whose decode graph is
+    static; the second's prompt starts on 64, so it gets a prefill graph of its own and
+    keeps decoding on the static graph (not the slower 1..P one), with the right tokens."""
+    runner = StatefulRunner(
+        ov.Core().read_model(qwen2_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
+    )
+    first_prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
+    second_prompt = [int(t) % 1000 + 3 for t in range(40)]  # 40 tokens: rung 64
+    with ovspec.open(
+        qwen2_dir,
+        ladder="32,64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        prefill_chunk_tokens=8,
+    ) as loader:
+        first = decode(loader, first_prompt, max_new_tokens=40, release_passed_rungs=False)
+        assert first.rungs[-1] == 64
+        static64 = loader.program(Specialization.decode(64))
+        assert static64 is not None
+        second = decode(loader, second_prompt, max_new_tokens=20, release_passed_rungs=False)
+        assert loader.program(Specialization.decode(64)) is static64
+        prefill64 = loader.program(Specialization.prefill(64, 8))
+        assert prefill64 is not None and prefill64.compiled is not static64.compiled
+    assert list(first.token_ids) == runner.greedy(first_prompt, 40)
+    assert list(second.token_ids) == runner.greedy(second_prompt, 20)
 
 
 def test_cpu_compiles_each_rung_once_when_passed_rungs_are_released(
