@@ -14,7 +14,7 @@ from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
 from ovspec.ir.specialize import Specialization
 from ovspec.runtime.decoding import decode
 from ovspec.runtime.kv import KVLayout
-from ovspec.runtime.loader import EventKind, Policy
+from ovspec.runtime.loader import EventKind, Loader, Policy
 from ovspec.store.local import Store
 
 # CPU's default compiles from the IR; the store path (NPU's, a CPU option) with every
@@ -177,6 +177,24 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
     assert prefill_loaded <= result.ready_s <= result.first_token_s
 
 
+def _cpu_ladder(model_dir: Path, store: Store) -> Loader:
+    """CPU's default loader over 32,64,128 with 8-token prefill chunks."""
+    return ovspec.open(
+        model_dir,
+        ladder="32,64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        prefill_chunk_tokens=8,
+    )
+
+
+def _stateful(model_dir: Path) -> StatefulRunner:
+    core = ov.Core()
+    return StatefulRunner(
+        core.read_model(model_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
+    )
+
+
 def test_cpu_compiles_the_prompts_rung_as_one_graph_and_later_rungs_static(
     qwen2_dir: Path, store: Store
 ) -> None:
@@ -184,16 +202,8 @@ def test_cpu_compiles_the_prompts_rung_as_one_graph_and_later_rungs_static(
     prefill graph and later rungs on static decode graphs of their own; the store is
     never read nor written (DESIGN.md §10.15)."""
     prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
-    expected = StatefulRunner(
-        ov.Core().read_model(qwen2_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
-    ).greedy(prompt, 60)
-    with ovspec.open(
-        qwen2_dir,
-        ladder="32,64,128",
-        properties=EXACT_CPU_PROPERTIES,
-        store=store,
-        prefill_chunk_tokens=8,
-    ) as loader:
+    expected = _stateful(qwen2_dir).greedy(prompt, 60)
+    with _cpu_ladder(qwen2_dir, store) as loader:
         result = decode(loader, prompt, max_new_tokens=60, release_passed_rungs=False)
         prefill = loader.program(Specialization.prefill(32, 8))
         decode32 = loader.program(Specialization.decode(32))
@@ -224,18 +234,10 @@ def test_a_later_prompt_on_a_static_rung_keeps_its_graph(qwen2_dir: Path, store:
     """A loader serving two sequences: the first ends on rung 64, whose decode graph is
     static; the second's prompt starts on 64, so it gets a prefill graph of its own and
     keeps decoding on the static graph (not the slower 1..P one), with the right tokens."""
-    runner = StatefulRunner(
-        ov.Core().read_model(qwen2_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
-    )
+    runner = _stateful(qwen2_dir)
     first_prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
     second_prompt = [int(t) % 1000 + 3 for t in range(40)]  # 40 tokens: rung 64
-    with ovspec.open(
-        qwen2_dir,
-        ladder="32,64,128",
-        properties=EXACT_CPU_PROPERTIES,
-        store=store,
-        prefill_chunk_tokens=8,
-    ) as loader:
+    with _cpu_ladder(qwen2_dir, store) as loader:
         first = decode(loader, first_prompt, max_new_tokens=40, release_passed_rungs=False)
         assert first.rungs[-1] == 64
         static64 = loader.program(Specialization.decode(64))
@@ -254,13 +256,7 @@ def test_cpu_compiles_each_rung_once_when_passed_rungs_are_released(
     """The default path: the session releases the prefill graph after the prompt, and the
     rung's decode (the same graph) must not compile it again."""
     prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
-    with ovspec.open(
-        qwen2_dir,
-        ladder="32,64,128",
-        properties=EXACT_CPU_PROPERTIES,
-        store=store,
-        prefill_chunk_tokens=8,
-    ) as loader:
+    with _cpu_ladder(qwen2_dir, store) as loader:
         result = decode(loader, prompt, max_new_tokens=60)
     compiles = [e for e in result.events if e.kind is EventKind.COMPILED and e.seconds > 0]
     assert sorted(e.spec for e in compiles) == ["decode@128", "decode@64", "prefill@32x8"]
