@@ -120,10 +120,10 @@ def merged_presents(model: ov.Model, roles: ModelRoles) -> None:
     """Every layer's new K/V in one output, ``PRESENTS_OUTPUT`` [L, *present shape],
     stacked in ``roles.kv`` order (the session reads row i as ``roles.kv[i]``).
 
-    A graph whose chunk varies has dynamic outputs, and OpenVINO's CPU plugin pays for
-    each one on every call: one output instead of 48 made the 0.5B preset's decode step
-    3.6-4.8% faster (paired, one process, s21). Refused unless every present has one
-    element type and shape (K and V of every layer alike).
+    A graph whose chunk varies has dynamic outputs, and OpenVINO's CPU plugin appears to
+    pay per dynamic output on every call: one output instead of 48 made the 0.5B
+    preset's decode step 3.6-4.8% faster (paired, one process, s21). Refused unless
+    every present has one element type and shape (K and V of every layer alike).
     """
     by_name = {name: r for r in model.get_results() for name in r.output(0).names}
     if not roles.kv:
