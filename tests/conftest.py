@@ -45,7 +45,7 @@ class DirectPrograms:
 
     def get(self, spec: Specialization) -> ov.CompiledModel:
         # Every rung decodes on its prefill graph (as the prompt's rung does in COMPILE mode).
-        spec = serving_spec(spec, self.rung_chunk_tokens, frozenset({spec.capacity_tokens}))
+        spec = serving_spec(spec, self.rung_chunk_tokens, spec.capacity_tokens)
         if spec not in self.compiled:
             model = self.llm.specialize(spec, self.rewrites)
             self.compiled[spec] = self.core.compile_model(model, "CPU", self.properties)

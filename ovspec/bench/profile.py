@@ -296,7 +296,7 @@ def profile_rung(
     core = ov.Core()
     one_graph = chunk_tokens if GraphRewrite.LIVE_STATE in rewrite_set else None
     decode = Specialization.decode(capacity_tokens)
-    spec = serving_spec(decode, one_graph, frozenset({capacity_tokens} if prompt_rung else ()))
+    spec = serving_spec(decode, one_graph, capacity_tokens if prompt_rung else None)
     rung_stepper, kv_bytes = _rung_step(core, model_dir, spec, live, device, props, rewrite_set)
     peer = StatefulPeer(model_dir, device, props, core).stepper(live)
     profiles = interleaved([rung_stepper] if peer is None else [rung_stepper, peer], steps)

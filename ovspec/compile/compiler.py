@@ -173,8 +173,8 @@ class Compiler:
             if load_mode is LoadMode.COMPILE and GraphRewrite.LIVE_STATE in self.rewrites
             else None
         )
-        # Rungs whose decode is served by their prefill graph (the prompt's: share_rung).
-        self._shared_rungs: frozenset[int] = frozenset()
+        # The rung whose decode is served by its prefill graph (the prompt's: share_rung).
+        self._shared_rung: int | None = None
         self._compile_properties = {**self.properties, **blob_compile_properties(blob_mode)}
         self._core = ov.Core()
         self._prepared = PreparedModel(model_dir, self.compression, llm)
@@ -424,11 +424,11 @@ class Compiler:
         graph is compiled anyway); every other rung decodes on a static graph of its own.
         The last call wins: a later prompt on another rung does not make earlier rungs
         keep their slower 1..P graph (one assignment: safe beside a worker's read)."""
-        self._shared_rungs = frozenset({capacity_tokens})
+        self._shared_rung = capacity_tokens
 
     def graph_spec(self, spec: Specialization) -> Specialization:
         """The specialization whose graph serves ``spec`` in COMPILE mode."""
-        return serving_spec(spec, self.rung_chunk_tokens, self._shared_rungs)
+        return serving_spec(spec, self.rung_chunk_tokens, self._shared_rung)
 
     def specialize(self, spec: Specialization) -> ov.Model:
         """``spec`` as a graph with this compiler's rewrites."""

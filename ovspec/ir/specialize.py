@@ -102,9 +102,9 @@ def prefill_specialization(capacity_tokens: int, chunk_tokens: int) -> Specializ
 
 
 def serving_spec(
-    spec: Specialization, rung_chunk_tokens: int | None, shared_rungs: frozenset[int]
+    spec: Specialization, rung_chunk_tokens: int | None, shared_rung: int | None
 ) -> Specialization:
-    """The graph that serves ``spec``: a rung in ``shared_rungs`` decodes on its prefill
+    """The graph that serves ``spec``: the ``shared_rung`` decodes on its prefill
     graph when that graph takes 1..P tokens (the live-tokens rewrite; ``rung_chunk_tokens``
     P, else None): one graph, one copy of the weights, for the rung the prompt runs on.
     Any other spec is served by its own graph (a rung's decode: a static graph, whose
@@ -112,7 +112,7 @@ def serving_spec(
     if (
         rung_chunk_tokens is None
         or spec.phase is Phase.PREFILL
-        or spec.capacity_tokens not in shared_rungs
+        or spec.capacity_tokens != shared_rung
     ):
         return spec
     return Specialization.prefill(
@@ -231,9 +231,9 @@ def hold_weight_lookups(model: ov.Model) -> int:
     for op in model.get_ordered_ops():
         if op.get_type_name() != "Gather":
             continue
-        source = op.input_value(0).get_node()
         if op.input_value(1).get_node().get_type_name() == "Constant":
             continue  # a slice of a weight by constant indices: that may fold
+        source = op.input_value(0).get_node()
         if (
             source.get_type_name() == "Convert"
             and source.input_value(0).get_node().get_type_name() == "Constant"

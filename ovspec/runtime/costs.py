@@ -217,7 +217,7 @@ def measure(
     first = rungs[0]
 
     prefill_spec = prefill_specialization(first, chunk)
-    loader.compiler.share_rung(first)  # as a decode's start: the prompt's rung, one graph
+    loader.share_prompt_rung(first)  # as a decode's start does
     say(f"preparing {prefill_spec.label}")
     loader.get(prefill_spec)
     roles = loader.compiler.roles()

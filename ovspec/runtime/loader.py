@@ -150,10 +150,7 @@ class Loader:
         decode = Specialization.decode(first_capacity_tokens)
         prefill = self._prefill(first_capacity_tokens) if self.prefill_chunk_tokens else None
         if prefill is not None:
-            with self._lock:
-                decode_held = decode in self._programs or decode in self._pending
-            if not decode_held:  # an earlier sequence's graph for it is kept as it is
-                self.compiler.share_rung(first_capacity_tokens)
+            self.share_prompt_rung(first_capacity_tokens)
         shared = prefill is not None and (
             self.compiler.graph_spec(decode) == self.compiler.graph_spec(prefill)
         )
@@ -163,8 +160,10 @@ class Loader:
             later = [Specialization.decode(c) for c in rungs[1:]]
             # A decode served by the prompt's graph is taken last, once that graph is in:
             # no worker slot waits on it.
-            first = [decode] if prefill is None else [prefill, decode]
-            specs = [prefill, *later, decode] if shared and prefill else [*first, *later]
+            if prefill is not None and shared:
+                specs = [prefill, *later, decode]
+            else:
+                specs = [*([prefill] if prefill else []), decode, *later]
             for spec in specs[1::2]:
                 self._submit(spec, foreground=True)
             for spec in specs:
@@ -183,6 +182,15 @@ class Loader:
             return
         self._obtain(prefill, record_wait=False)
         self._obtain(decode, record_wait=False)
+
+    def share_prompt_rung(self, capacity_tokens: int) -> None:
+        """The rung a prompt runs on decodes on its prefill graph (COMPILE mode), unless
+        an earlier sequence left a decode graph for it: that graph is kept as it is."""
+        decode = Specialization.decode(capacity_tokens)
+        with self._lock:
+            if decode in self._programs or decode in self._pending:
+                return
+        self.compiler.share_rung(capacity_tokens)
 
     def get(self, spec: Specialization | int) -> ov.CompiledModel:
         """The compiled graph of ``spec`` (a rung means its decode graph); loads it in the

@@ -210,14 +210,14 @@ def test_roles_survive_their_json_record(fixture_dir: Path) -> None:
 
 def test_a_shared_rung_decodes_on_its_prefill_graph_and_others_on_their_own() -> None:
     decode = Specialization.decode(64)
-    assert serving_spec(decode, 16, frozenset({64})) == Specialization.prefill(64, 16)
-    assert serving_spec(Specialization.decode(8), 16, frozenset({8})) == (
+    assert serving_spec(decode, 16, 64) == Specialization.prefill(64, 16)
+    assert serving_spec(Specialization.decode(8), 16, 8) == (
         Specialization.prefill(8, 8)  # the chunk shrinks to a small rung
     )
-    assert serving_spec(decode, 16, frozenset({32})) == decode  # a static graph of its own
-    assert serving_spec(decode, None, frozenset({64})) == decode  # no 1..P graph
+    assert serving_spec(decode, 16, 32) == decode  # a static graph of its own
+    assert serving_spec(decode, None, 64) == decode  # no 1..P graph
     prefill = Specialization.prefill(64, 16)
-    assert serving_spec(prefill, 16, frozenset()) == prefill
+    assert serving_spec(prefill, 16, None) == prefill
 
 
 def test_weight_lookups_are_held_out_of_constant_folding(tiny_dir: Path) -> None:
