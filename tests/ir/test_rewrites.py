@@ -139,7 +139,9 @@ def test_merged_presents_stack_every_layer_in_role_order(qwen2_dir: Path) -> Non
     stacked = outputs[0].get_tensor(PRESENTS_OUTPUT).data
     assert stacked.shape[0] == len(llm.roles.kv)
     for i, role in enumerate(llm.roles.kv):
-        np.testing.assert_array_equal(stacked[i], outputs[1].get_tensor(role.present_output).data)
+        # Two compiled graphs: another CPU may fuse them differently, so not bit for bit.
+        expected = outputs[1].get_tensor(role.present_output).data
+        np.testing.assert_allclose(stacked[i], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_merged_presents_refuses_presents_of_different_shapes(qwen2_dir: Path) -> None:
