@@ -321,6 +321,9 @@ def split_attention(model: ov.Model, roles: ModelRoles) -> int:
     of the capacity), and so are the chunk's over the new K; one softmax over the two
     score blocks side by side is attention over (past ++ chunk), and its two parts
     weigh V_past and the new V. Only the scores are concatenated (G*P rows), never K/V.
+    The mask is made additive and tiled over the G query groups once for all layers
+    (-167 ops and ~8% of the 1..P graph's compile on the 0.5B preset against a 5-D
+    reshape pair a layer; step time unchanged; measured s22).
 
     The first site keeps an SDPA: its chunk block is an SDPA over the new K/V, merged
     with the past through the chunk's log-sum-exp (attention over past ++ chunk is the
@@ -329,8 +332,8 @@ def split_attention(model: ov.Model, roles: ModelRoles) -> int:
     §10.15); one is enough, and the other sites skip its ~7 ops (measured, s19).
     """
     sites = attention_sites(model, roles)
-    # Layers share their mask: split and tile it once per (mask, group count).
-    masks: dict[tuple[int, int, int], tuple[ov.Output, ov.Output, ov.Output]] = {}
+    # Layers share their mask: made additive and tiled once per (mask, group count).
+    masks: dict[tuple[int, int, int], tuple[ov.Output, ov.Output]] = {}
     for index, s in enumerate(sites):
         name = s.sdpa.get_friendly_name()
         qg = _scaled_query(s)
@@ -340,25 +343,38 @@ def split_attention(model: ov.Model, roles: ModelRoles) -> int:
         cache = (s.mask.get_node().get_instance_id(), s.mask.get_index(), s.groups)
         if cache not in masks:
             mask = _additive(s.mask, qg.get_element_type())  # [B, 1, P, C+P]
-            halves = ops.variadic_split(mask, i64(-1), ops.concat([capacity, i64([-1])], 0))
-            # Past block rows are viewed as (g, p): its [B,1,P,C] mask broadcasts over g.
-            past_mask = ops.unsqueeze(halves.output(0), i64([2])).output(0)
-            # Chunk block: its mask rows tiled G times (tiny: G*P x P).
-            chunk_mask = ops.tile(halves.output(1), i64([1, 1, s.groups, 1])).output(0)
-            masks[cache] = (past_mask, chunk_mask, capacity)
-        past_mask, chunk_mask, capacity = masks[cache]
-        scores = ops.matmul(qg, past_k, False, True, name=f"{name}/split/scores_past")
-        rows5 = ops.concat([i64([0, 0, s.groups, -1]), capacity], 0)
-        masked = ops.add(ops.reshape(scores, rows5, True), past_mask)
-        scores_past = ops.reshape(masked, ops.concat([i64([0, 0, -1]), capacity], 0), True)
-        chunk_scores = ops.add(ops.matmul(qg, new_k, False, True), chunk_mask)
+            # Query rows are (g, p): mask row p tiled G times, [B, 1, G*P, C+P].
+            tiled = ops.tile(mask, i64([1, 1, s.groups, 1])).output(0)
+            masks[cache] = (tiled, capacity)
+        tiled, capacity = masks[cache]
+        lengths = ops.concat([capacity, i64([-1])], 0)
+        scores = ops.add(
+            ops.concat(
+                [
+                    ops.matmul(qg, past_k, False, True, name=f"{name}/split/scores_past"),
+                    ops.matmul(qg, new_k, False, True),
+                ],
+                -1,
+            ),
+            tiled,
+        )
         if index == 0:
+            blocks = ops.variadic_split(scores, i64(-1), lengths)
+            chunk_mask = ops.variadic_split(tiled, i64(-1), lengths).output(1)
             context = _merge_through_sdpa(
-                name, qg, scores_past, chunk_scores, chunk_mask, new_k, new_v, past_v, capacity
+                name,
+                qg,
+                blocks.output(0),
+                blocks.output(1),
+                chunk_mask,
+                new_k,
+                new_v,
+                past_v,
+                capacity,
             )
         else:
-            probs = ops.softmax(ops.concat([scores_past, chunk_scores], -1), -1)
-            parts = ops.variadic_split(probs, i64(-1), ops.concat([capacity, i64([-1])], 0))
+            probs = ops.softmax(scores, -1)
+            parts = ops.variadic_split(probs, i64(-1), lengths)
             context = ops.add(
                 ops.matmul(
                     parts.output(0), past_v, False, False, name=f"{name}/split/context_past"

@@ -32,7 +32,9 @@ from ovspec.ir.roles import ModelRoles, discover_roles, kv_past_parameter
 #              live-tokens prefill graph takes a chunk of 1..P tokens (issue 9, 2026-12).
 #          4 — split attention merges the chunk's scores into the past block's softmax;
 #              only the first layer keeps its chunk SDPA (issue 9, 2026-12-01).
-TRANSFORMS_VERSION = 4
+#          5 — the mask is tiled over the query groups once; each layer adds it to its two
+#              score blocks side by side (no 5-D reshape pair a layer; issue 9, 2026-12-02).
+TRANSFORMS_VERSION = 5
 
 
 def transforms_id(rewrites: RewriteSet | None = None) -> str:
