@@ -133,8 +133,9 @@ class _Bound:
         """Each present output's new K/V by name (views, valid until the next call)."""
         kv = self._roles.kv
         if self.merged_presents:
-            stacked = self.output(PRESENTS_OUTPUT)
-            return {role.present_output: stacked[i] for i, role in enumerate(kv)}
+            stacked = self.output(PRESENTS_OUTPUT)  # [L*B, ...]: layer i is rows i*B..
+            b = stacked.shape[0] // len(kv)
+            return {role.present_output: stacked[i * b : (i + 1) * b] for i, role in enumerate(kv)}
         return {role.present_output: self.output(role.present_output) for role in kv}
 
     def logits(self, real_tokens: int) -> np.ndarray:

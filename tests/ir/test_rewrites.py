@@ -137,11 +137,13 @@ def test_merged_presents_stack_every_layer_in_role_order(qwen2_dir: Path) -> Non
         request.infer()
         outputs.append(request)
     stacked = outputs[0].get_tensor(PRESENTS_OUTPUT).data
-    assert stacked.shape[0] == len(llm.roles.kv)
+    one = outputs[1].get_tensor(llm.roles.kv[0].present_output).data.shape
+    assert one[0] == 1  # batch 1: layer i is row i
+    assert stacked.shape == (len(llm.roles.kv), *one[1:])
     for i, role in enumerate(llm.roles.kv):
         # Two compiled graphs: another CPU may fuse them differently, so not bit for bit.
         expected = outputs[1].get_tensor(role.present_output).data
-        np.testing.assert_allclose(stacked[i], expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(stacked[i : i + 1], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_merged_presents_refuses_presents_of_different_shapes(qwen2_dir: Path) -> None:
