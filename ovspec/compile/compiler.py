@@ -210,10 +210,11 @@ class Compiler:
     def llm(self) -> DynamicLLM:
         return self._prepared.get()
 
-    def mapped_weights_address(self) -> int | None:
-        """Where the prepared model's largest weight lies (None before it is prepared);
+    def mapped_weights_address(self, wait: bool = False) -> int | None:
+        """Where the prepared model's largest weight lies (None before it is prepared;
+        ``wait``: once a preparation started ahead is done, None if none was started);
         the compiler keeps the model, so the address stays valid until ``close``."""
-        llm = self._prepared.peek()
+        llm = self._prepared.wait_ahead() if wait else self._prepared.peek()
         return llm.weights_address if llm is not None else None
 
     def roles(self, hint: Specialization | None = None) -> ModelRoles:

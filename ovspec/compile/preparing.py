@@ -73,6 +73,17 @@ class PreparedModel:
                 self._llm = prepare_model(self.model_dir, self.compression)
             return self._llm
 
+    def wait_ahead(self) -> DynamicLLM | None:
+        """The graph a preparation started ahead made, once it is done; None at once if
+        none was started, and None if it failed (``get`` raises its error)."""
+        ahead = self._ahead
+        if ahead is None:
+            return self._llm
+        try:
+            return ahead.result()
+        except BaseException:
+            return None
+
     def peek(self) -> DynamicLLM | None:
         """The prepared graph if someone has had it (``get``), without waiting or
         preparing."""

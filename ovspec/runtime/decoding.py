@@ -44,7 +44,7 @@ from ovspec.runtime.kv import (
     make_kv,
 )
 from ovspec.runtime.loader import Loader, LoaderEvent, Policy, WindowPlan
-from ovspec.runtime.residency import WeightPageTrimmer
+from ovspec.runtime.residency import WeightPageTrimmer, WeightPrefault
 from ovspec.runtime.session import BoundaryRecord, DecodeSession, StepRecord
 from ovspec.store.local import Store
 from ovspec.store.remote import Remote, RemoteConfig, open_remote
@@ -126,6 +126,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     else:
         opened = Store(store or Store.default_root(), remote=_remote(remote))
     compiler: Compiler | None = None
+    prefault: WeightPrefault | None = None
     try:
         model_dir = resolve_model(str(model), opened.models_folder)
         ladder.check_fits(model_dir.max_position_embeddings)
@@ -153,7 +154,13 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
             if trim
             else None
         )
+        if trim:  # maps the weights' pages in while the first graph compiles
+            address = functools.partial(compiler.mapped_weights_address, wait=True)
+            prefault = WeightPrefault(model_dir.bin_path, address)
+            prefault.start()
     except BaseException:
+        if prefault is not None:
+            prefault.stop()
         if compiler is not None:
             compiler.close()  # and the IR it may be reading ahead
         if owns_store:
@@ -162,6 +169,8 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     on_close: list[Callable[[], None]] = [compiler.close]
     if owns_store:
         on_close.append(opened.close)
+    if prefault is not None:
+        on_close.insert(0, prefault.stop)
     if trimmer is not None:
         on_close.insert(0, trimmer.stop)
     pin_threads: Callable[[], None] | None = None

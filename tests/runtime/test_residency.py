@@ -1,5 +1,6 @@
-"""The IR's mapped weights leave the resident set once graphs have packed them, only
-this loader's read-only mapping is touched, and decoding gives the same tokens."""
+"""The IR's mapped weights are mapped in ahead of the first graph's packing, leave the
+resident set once graphs have packed them, only this loader's read-only mapping is
+touched, and decoding gives the same tokens."""
 
 from __future__ import annotations
 
@@ -12,13 +13,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ovspec.errors import MappingError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.specialize import prefill_specialization
 from ovspec.runtime import vmem
 from ovspec.runtime.decoding import decode
 from ovspec.runtime.decoding import open as open_loader
 from ovspec.runtime.loader import Loader
-from ovspec.runtime.residency import MappedRange, WeightPageTrimmer, mapping_at
+from ovspec.runtime.residency import (
+    MADV_POPULATE_READ,
+    MappedRange,
+    WeightPageTrimmer,
+    WeightPrefault,
+    mapping_at,
+)
 from ovspec.store.local import Store
 
 needs_madvise = pytest.mark.skipif(
@@ -87,6 +95,66 @@ def test_drop_leaves_what_is_not_a_read_only_mapping_of_the_weights(tmp_path: Pa
     assert WeightPageTrimmer(path, lambda: None).drop() == 0  # the model is not read yet
 
 
+def _weights_file(tmp_path: Path, size: int = 1 << 20) -> tuple[Path, np.memmap, int]:
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(size))
+    weights = np.memmap(path, dtype=np.uint8, mode="r")
+    return path, weights, int(weights.ctypes.data)
+
+
+def _skip_without_populate_read(address: int) -> None:
+    try:
+        vmem.advise(address, mmap.PAGESIZE, MADV_POPULATE_READ)
+    except MappingError as exc:
+        pytest.skip(f"this kernel has no MADV_POPULATE_READ (Linux >= 5.14): {exc}")
+
+
+@needs_madvise
+def test_the_prefault_maps_every_page_of_the_weights_in(tmp_path: Path) -> None:
+    path, _mapped, address = _weights_file(tmp_path)
+    _skip_without_populate_read(address)
+    assert WeightPageTrimmer(path, lambda: address).drop() == 1 << 20
+    assert _resident_bytes_at(address) == 0
+    prefault = WeightPrefault(path, lambda: address)
+    prefault.start()
+    prefault.stop()
+    assert prefault.populated_bytes == 1 << 20
+    assert _resident_bytes_at(address) == 1 << 20
+
+
+@needs_madvise
+def test_the_prefault_leaves_what_is_not_the_weights_and_never_raises(tmp_path: Path) -> None:
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"\x01" * (1 << 16))
+    heap = np.ones(1 << 16, np.uint8)
+
+    def broken() -> int:
+        raise RuntimeError("the preparation failed")
+
+    for where in (lambda: int(heap.ctypes.data), lambda: None, broken):
+        prefault = WeightPrefault(path, where)
+        prefault.start()
+        prefault.stop()
+        assert prefault.populated_bytes == 0
+    assert heap.all()
+
+
+@needs_madvise
+def test_the_trimmer_drops_as_it_starts_without_waiting_for_growth(tmp_path: Path) -> None:
+    path, weights, address = _weights_file(tmp_path)
+    assert int(weights.sum()) > 0 and _resident_bytes_at(address) == 1 << 20
+    # Built after the pages came in, polling once a minute: only a drop at start can
+    # empty the mapping within the test.
+    trimmer = WeightPageTrimmer(path, lambda: address, poll_s=60.0)
+    trimmer.start()
+    deadline = time.monotonic() + 5.0
+    while _resident_bytes_at(address) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    trimmer.stop()
+    assert _resident_bytes_at(address) == 0
+    assert trimmer.drops == 1
+
+
 def _open(tiny_dir: Path, store: Store, trim: bool, policy: str = "one_ahead") -> Loader:
     return open_loader(
         tiny_dir,
@@ -101,6 +169,10 @@ def _open(tiny_dir: Path, store: Store, trim: bool, policy: str = "one_ahead") -
 
 def _trimming() -> bool:
     return any(t.name == "ovspec-weight-pages" for t in threading.enumerate())
+
+
+def _prefaulting() -> bool:
+    return any(t.name == "ovspec-weight-prefault" for t in threading.enumerate())
 
 
 def _decode_and_measure(
@@ -137,13 +209,15 @@ def test_decode_drops_the_weights_pages_and_keeps_its_tokens(tiny_dir: Path, sto
 def test_the_trimmer_waits_out_the_start_and_begins_at_the_first_decode(
     tiny_dir: Path, store: Store
 ) -> None:
+    with _open(tiny_dir, store, False):
+        assert not _prefaulting()  # only with the trimmer (CPU graphs from the IR)
     with _open(tiny_dir, store, True) as loader:
         loader.start(64)  # the first graph compiles and the prompt would run: no dropping
         loader.get(prefill_specialization(64, 16))
         assert not _trimming()
         loader.get(64)  # the first decode step's graph: the start is over
         assert _trimming()
-    assert not _trimming()
+    assert not _trimming() and not _prefaulting()  # both end with the loader
     with _open(tiny_dir, store, True, policy="eager") as loader:
         loader.start(64)  # eager packs every rung before the prompt: dropping from then
         assert _trimming()
