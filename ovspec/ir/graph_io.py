@@ -16,8 +16,8 @@ from ovspec.ir.roles import ModelRoles
 # The state variable a LIVE_STATE graph keeps: live KV tokens before the call, i32 [1]
 # (the CPU plugin refuses set_state of an i64 variable).
 LIVE_TOKENS_VARIABLE = "ovspec.live_tokens"
-# The one output of a MERGED_PRESENTS graph: every present output stacked on a new axis 0
-# in ``ModelRoles.kv`` order.
+# The one output of a MERGED_PRESENTS graph: every present output concatenated on its
+# batch axis in ``ModelRoles.kv`` order.
 PRESENTS_OUTPUT = "ovspec.presents"
 
 _LM_HEAD_PASS_THROUGH = {"Convert", "Add", "Multiply", "Divide", "Tanh"}
