@@ -8,6 +8,7 @@ Regenerates docs/benchmarks/speed.md and docs/benchmarks/results/speed.json:
 
     python tools/bench_speed.py                      # the page's full run (~25 min quiet)
     python tools/bench_speed.py --new-tokens 200 --repetitions 1 --out /tmp/speed  # a try
+    python tools/bench_speed.py --arms genai,ovspec-warm --against /tmp/base --out /tmp/ab
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
     help=f"Comma list of {', '.join(ARMS)}.",
 )
 @click.option(
+    "--against",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="A checkout of ovspec (e.g. `git worktree add /tmp/base HEAD~1`) whose ovspec arms "
+    "run beside this one's in every repetition, labelled ARM@base.",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=PAGES,
@@ -62,6 +70,7 @@ def main(
     new_tokens: int,
     repetitions: int,
     arms: str,
+    against: Path | None,
     out: Path,
 ) -> None:
     with tool_errors("bench_speed"):
@@ -73,6 +82,7 @@ def main(
             new_tokens=new_tokens,
             repetitions=repetitions,
             arms=tuple(a.strip() for a in arms.split(",") if a.strip()),
+            against=against,
         )
         results = run_speed(
             config,

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -67,6 +67,16 @@ ARMS: dict[str, Arm] = {
     )
 }
 DEFAULT_ARMS = ("genai", "ovspec-cold", "ovspec-warm", "ovspec-import-warm", "ovspec-eager")
+AGAINST_SUFFIX = "@base"  # an ovspec arm run from the checkout given as ``against``
+
+
+class ArmRun(NamedTuple):
+    """An arm as one run of a repetition: its label, and the checkout it runs from
+    (None: this one)."""
+
+    label: str
+    arm: Arm
+    tree: Path | None
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,10 @@ class SpeedConfig:
     arms: tuple[str, ...] = DEFAULT_ARMS
     prefill_chunk_tokens: int = 128
     seed: int = 0
+    # A checkout of ovspec (a git worktree of the base commit, say) whose ovspec arms run
+    # beside this one's in every repetition, labelled ARM@base: a change against its
+    # base and genai, interleaved in one run.
+    against: Path | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1 or self.new_tokens < 2:
@@ -96,6 +110,18 @@ class SpeedConfig:
             raise BadRequestError(
                 f"--arms takes genai plus any of {', '.join(ARMS)} (got {', '.join(self.arms)})"
             )
+        if self.against is not None and not (self.against / "ovspec" / "__init__.py").is_file():
+            raise BadRequestError(
+                f"--against {self.against}: not a checkout of ovspec (no ovspec/__init__.py)"
+            )
+
+    def runs(self) -> list[ArmRun]:
+        """Every arm from this checkout, then each ovspec arm from ``against``."""
+        own = [ArmRun(a, ARMS[a], None) for a in self.arms]
+        if self.against is None:
+            return own
+        base = [r for r in own if r.arm.runner == "ovspec"]
+        return own + [ArmRun(r.label + AGAINST_SUFFIX, r.arm, self.against) for r in base]
 
     def bands(self) -> list[tuple[int, int]]:
         """Live-context bands: the prompt to the first rung, then rung to rung."""
@@ -110,18 +136,19 @@ def materialize(model: str, work_dir: Path) -> Path:
     return resolve_model(model, work_dir / "models").root
 
 
-def compile_own_bytecode() -> bool:
-    """Compile ovspec's modules to bytecode, as ``pip install .`` does: openvino and
-    genai come compiled, and an editable checkout run with ``PYTHONDONTWRITEBYTECODE``
-    would compile ~100 modules from source in every spawned arm (~0.1 s of its start,
-    measured). False where the package folder is not writable."""
+def compile_own_bytecode(tree: Path | None = None) -> bool:
+    """Compile ovspec's modules to bytecode (this checkout's, or ``tree``'s), as ``pip
+    install .`` does: openvino and genai come compiled, and an editable checkout run with
+    ``PYTHONDONTWRITEBYTECODE`` would compile ~100 modules from source in every spawned
+    arm (~0.1 s of its start, measured). False where the package folder is not writable."""
     import compileall
 
-    package = Path(__file__).resolve().parents[1]  # ovspec/, from ovspec/bench/speed.py
+    # ovspec/, from ovspec/bench/speed.py
+    package = tree / "ovspec" if tree is not None else Path(__file__).resolve().parents[1]
     return bool(compileall.compile_dir(package, quiet=2))
 
 
-def _spawn(request: ArmRequest, folder: Path) -> dict[str, Any]:
+def _spawn(request: ArmRequest, folder: Path, tree: Path | None = None) -> dict[str, Any]:
     path = folder / "request.json"
     path.write_text(json.dumps(request.to_json()), encoding="utf-8")
     spawn = time.time()
@@ -129,6 +156,10 @@ def _spawn(request: ArmRequest, folder: Path) -> dict[str, Any]:
         [sys.executable, "-m", "ovspec.bench.speed_arm", str(path), repr(spawn)],
         capture_output=True,
         text=True,
+        # ``-m`` puts the working folder first on sys.path: run in ``tree`` (default:
+        # the folder holding this ovspec) and its ovspec wins over any other checkout
+        # or install (PYTHONPATH would lose to one in the caller's working folder).
+        cwd=tree or Path(__file__).resolve().parents[2],
     )
     line = next((x for x in out.stdout.splitlines() if x.startswith(RESULT_PREFIX)), None)
     if out.returncode != 0 or line is None:
@@ -148,12 +179,16 @@ def run_speed(
 
     say = on_progress or (lambda _m: None)
     own_bytecode = compile_own_bytecode()
+    if config.against is not None:
+        compile_own_bytecode(config.against)
     load_start = load_average()
     began = time.perf_counter()
     model_dir = materialize(config.model, config.work_dir)
     rng = np.random.default_rng(config.seed)
     prompt = tuple(int(t) for t in rng.integers(100, 2000, config.prompt_tokens))
-    kept = {a: config.work_dir / f"store-{a}" for a in config.arms if ARMS[a].store == "kept"}
+    planned = config.runs()
+    kept = {r.label: config.work_dir / f"store-{r.label}" for r in planned if r.arm.store == "kept"}
+    by_label = {r.label: r for r in planned}
 
     def request(arm: Arm, store: Path | None) -> ArmRequest:
         props = dict(properties) if arm.runner == "genai" else loader_properties("CPU", properties)
@@ -173,22 +208,22 @@ def run_speed(
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ovspec-speed-") as scratch:
         folder = Path(scratch)
-        for name, warm in kept.items():  # prime the warm stores (not measured)
-            say(f"priming {name}")
-            _spawn(request(ARMS[name], warm), folder)
-        arms = list(config.arms)
+        for label, warm in kept.items():  # prime the warm stores (not measured)
+            say(f"priming {label}")
+            _spawn(request(by_label[label].arm, warm), folder, by_label[label].tree)
+        labels = list(by_label)
         for rep in range(config.repetitions):
-            order = arms[rep % len(arms) :] + arms[: rep % len(arms)]
+            order = labels[rep % len(labels) :] + labels[: rep % len(labels)]
             if rep % 2:
                 order.reverse()
-            for name in order:
-                arm = ARMS[name]
-                fresh = folder / f"fresh-{rep}-{name}"
-                store: Path | None = kept.get(name) or (fresh if arm.store == "fresh" else None)
-                say(f"repetition {rep + 1}/{config.repetitions}: {name}")
-                result = _spawn(request(arm, store), folder)
+            for label in order:
+                arm, tree = by_label[label].arm, by_label[label].tree
+                fresh = folder / f"fresh-{rep}-{label}"
+                store: Path | None = kept.get(label) or (fresh if arm.store == "fresh" else None)
+                say(f"repetition {rep + 1}/{config.repetitions}: {label}")
+                result = _spawn(request(arm, store), folder, tree)
                 shutil.rmtree(fresh, ignore_errors=True)
-                runs.append({"arm": name, "repetition": rep, **result})
+                runs.append({"arm": label, "repetition": rep, **result})
     env = environment(load_start)
     return {
         "config": {
@@ -200,7 +235,11 @@ def run_speed(
             "prefill_chunk_tokens": config.prefill_chunk_tokens,
             "own_bytecode": own_bytecode,
             # A list, not a mapping: the saved results sort mapping keys.
-            "arms": [[a, ARMS[a].description] for a in config.arms],
+            "arms": [
+                [r.label, r.arm.description + (f", from {r.tree}" if r.tree else "")]
+                for r in planned
+            ],
+            "against": str(config.against) if config.against is not None else None,
             "properties": dict(properties),
             "bands": config.bands(),
         },

@@ -178,6 +178,7 @@ def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
     done_s = time.time() - spawn_s
     sampler.stop()
     return {
+        "ovspec_dir": str(Path(__file__).resolve().parents[1]),  # the checkout it ran from
         "token_s": times,
         "token_ids": tokens,
         "done_s": done_s,

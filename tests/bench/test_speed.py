@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -77,9 +78,15 @@ def test_config_refuses_what_cannot_run(tmp_path: Path) -> None:
         SpeedConfig("builtin:tiny", tmp_path, Ladder((32, 64)), prompt_tokens=16, new_tokens=60)
     with pytest.raises(BadRequestError, match="--arms"):
         SpeedConfig("builtin:tiny", tmp_path, arms=("ovspec-warm",))
+    with pytest.raises(BadRequestError, match="not a checkout of ovspec"):
+        SpeedConfig("builtin:tiny", tmp_path, against=tmp_path)
 
 
 def test_a_tiny_run_renders_its_page(tmp_path: Path) -> None:
+    # The ovspec arms run again from another checkout (here a copy of this one).
+    package = Path(ovspec.__file__).resolve().parent
+    base = tmp_path / "base"
+    shutil.copytree(package, base / "ovspec", ignore=shutil.ignore_patterns("__pycache__"))
     config = SpeedConfig(
         "builtin:tiny",
         tmp_path / "work",
@@ -89,16 +96,27 @@ def test_a_tiny_run_renders_its_page(tmp_path: Path) -> None:
         repetitions=1,
         arms=("genai", "ovspec-warm", "ovspec-eager"),
         prefill_chunk_tokens=8,
+        against=base,
     )
     results = run_speed(config, EXACT_CPU_PROPERTIES)
     summary = results["summary"]
     assert summary["ovspec-warm"]["tokens_identical"] is True  # greedy equals genai's
     assert summary["ovspec-warm"]["band_ms"]["32-64"] > 0
     assert summary["ovspec-eager"]["n"] == 1
+    assert summary["ovspec-warm@base"]["tokens_identical"] is True
+    ran_from = {r["arm"]: Path(r["ovspec_dir"]) for r in results["runs"]}
+    assert ran_from == {
+        "genai": package,
+        "ovspec-warm": package,
+        "ovspec-eager": package,
+        "ovspec-warm@base": (base / "ovspec").resolve(),
+        "ovspec-eager@base": (base / "ovspec").resolve(),
+    }
     results["command"] = "python tools/bench_speed.py --model builtin:tiny"
     page = write_page(tmp_path / "pages", PAGE, results)
     text = page.read_text(encoding="utf-8")
     assert "| `ovspec-warm` |" in text and "## Targets (issue 9)" in text
+    assert "| `ovspec-warm@base` |" in text and f"from {base}" in text
     # Arms start from compiled bytecode, as an installed package does (genai's is).
     compiled = results["config"]["own_bytecode"]
     assert ("compiled to bytecode before the runs" in text) is compiled
