@@ -151,20 +151,24 @@ def compile_own_bytecode(tree: Path | None = None) -> bool:
 def _spawn(request: ArmRequest, folder: Path, tree: Path | None = None) -> dict[str, Any]:
     path = folder / "request.json"
     path.write_text(json.dumps(request.to_json()), encoding="utf-8")
+    # ``-m`` puts the working folder first on sys.path: run in ``tree`` (default: the
+    # folder holding this ovspec) and its ovspec wins over any other checkout or install
+    # (PYTHONPATH would lose to one in the caller's working folder).
+    home = (tree or Path(__file__).resolve().parents[2]).resolve()
     spawn = time.time()
     out = subprocess.run(
         [sys.executable, "-m", "ovspec.bench.speed_arm", str(path), repr(spawn)],
         capture_output=True,
         text=True,
-        # ``-m`` puts the working folder first on sys.path: run in ``tree`` (default:
-        # the folder holding this ovspec) and its ovspec wins over any other checkout
-        # or install (PYTHONPATH would lose to one in the caller's working folder).
-        cwd=tree or Path(__file__).resolve().parents[2],
+        cwd=home,
     )
     line = next((x for x in out.stdout.splitlines() if x.startswith(RESULT_PREFIX)), None)
     if out.returncode != 0 or line is None:
         raise TrialError(f"{request.arm} run failed (exit {out.returncode}): {out.stderr[-800:]}")
     result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+    ran = result.get("ovspec_dir")  # absent from checkouts older than the field
+    if ran is not None and Path(ran) != home / "ovspec":
+        raise TrialError(f"{request.arm} ran ovspec from {ran}, not {home / 'ovspec'}")
     return result
 
 
@@ -183,11 +187,13 @@ def run_speed(
         compile_own_bytecode(config.against)
     load_start = load_average()
     began = time.perf_counter()
-    model_dir = materialize(config.model, config.work_dir)
+    # Absolute: the arms run in their checkout's folder (``_spawn``).
+    work_dir = config.work_dir.resolve()
+    model_dir = materialize(config.model, work_dir)
     rng = np.random.default_rng(config.seed)
     prompt = tuple(int(t) for t in rng.integers(100, 2000, config.prompt_tokens))
     planned = config.runs()
-    kept = {r.label: config.work_dir / f"store-{r.label}" for r in planned if r.arm.store == "kept"}
+    kept = {r.label: work_dir / f"store-{r.label}" for r in planned if r.arm.store == "kept"}
     by_label = {r.label: r for r in planned}
 
     def request(arm: Arm, store: Path | None) -> ArmRequest:

@@ -154,7 +154,9 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
             if trim
             else None
         )
-        if trim:  # maps the weights' pages in while the first graph compiles
+        # Maps the weights' pages in while the first graph compiles; not for an eager
+        # start, whose trimmer drops pages from its beginning.
+        if trim and policy is not Policy.EAGER:
             address = functools.partial(compiler.mapped_weights_address, wait=True)
             prefault = WeightPrefault(model_dir.bin_path, address)
             prefault.start()

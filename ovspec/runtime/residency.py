@@ -90,24 +90,35 @@ class WeightPrefault(threading.Thread):
     the advice (< 5.14) or a missing mapping is a no-op, logged at debug level.
     """
 
+    CHUNK_BYTES = 64 << 20  # advised at a time: ``stop`` waits for one chunk at most
+
     def __init__(self, weights_path: Path, address: Callable[[], int | None]) -> None:
         super().__init__(name="ovspec-weight-prefault", daemon=True)
         self.weights_path = os.path.realpath(weights_path)
         self.address = address
         self.populated_bytes = 0
+        self._stopping = threading.Event()
 
     def run(self) -> None:
         try:
             address = self.address()
             found = None if address is None else weights_mapping(self.weights_path, address)
-            if found is not None:
-                vmem.advise(found.address, found.size_bytes, MADV_POPULATE_READ)
-                self.populated_bytes = found.size_bytes
+            if found is None:
+                return
+            end = found.address + found.size_bytes
+            for start in range(found.address, end, self.CHUNK_BYTES):
+                if self._stopping.is_set():  # closing: the pages can fault in as needed
+                    return
+                size = min(self.CHUNK_BYTES, end - start)
+                vmem.advise(start, size, MADV_POPULATE_READ)
+                self.populated_bytes += size
         except Exception as exc:  # best effort: the packing faults the pages in itself
             log.debug("did not prefault the weights' pages: %s", exc)
 
     def stop(self) -> None:
-        """Wait for it (the mapping must outlive the advice: its compiler closes next)."""
+        """Stop after the chunk under way and wait (the mapping must outlive the advice:
+        its compiler closes next). A chunk of a file not in the page cache is a read."""
+        self._stopping.set()
         if self.is_alive():
             self.join()
 
@@ -169,7 +180,7 @@ class WeightPageTrimmer(threading.Thread):
         # Started once the graphs have packed what they need: drop at once, then on
         # growth. Growth since the reading at construction alone could be hidden (RssFile
         # is the whole process's: another loader may unmap its own mapping meanwhile).
-        if not self._drop_or_stop():
+        if self._done.is_set() or not self._drop_or_stop():
             return
         while not self._done.wait(self.poll_s):
             now_mib = file_rss_mib()

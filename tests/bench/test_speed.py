@@ -11,10 +11,10 @@ import pytest
 
 import ovspec
 from ovspec.bench.pages import render_saved, write_page
-from ovspec.bench.speed import PAGE, SpeedConfig, run_speed, summarize
-from ovspec.bench.speed_arm import MemorySampler
+from ovspec.bench.speed import PAGE, SpeedConfig, _spawn, materialize, run_speed, summarize
+from ovspec.bench.speed_arm import ArmRequest, MemorySampler
 from ovspec.bench.speed_stats import band_ms, paired_band_ratios
-from ovspec.errors import BadRequestError
+from ovspec.errors import BadRequestError, TrialError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder
 
@@ -141,3 +141,19 @@ def test_memory_sampler_walks_page_tables_only_as_memory_grows() -> None:
     assert sampler.peak_anon_mib >= before_anon + 1.5 * sampler.PSS_STEP_MIB
     assert sampler.peak_pss_mib >= before_pss + 1.5 * sampler.PSS_STEP_MIB
     del block
+
+
+def test_an_arm_that_ran_another_checkout_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the working folder kept off sys.path (PYTHONSAFEPATH), a run meant for
+    another checkout imports this one: refused, not a tree compared with itself."""
+    base = tmp_path / "base"
+    package = Path(ovspec.__file__).resolve().parent
+    shutil.copytree(package, base / "ovspec", ignore=shutil.ignore_patterns("__pycache__"))
+    model = materialize("builtin:tiny", tmp_path / "work")
+    request = ArmRequest("genai", str(model), (5, 6, 7), 2, dict(EXACT_CPU_PROPERTIES))
+    assert Path(_spawn(request, tmp_path, base)["ovspec_dir"]) == (base / "ovspec").resolve()
+    monkeypatch.setenv("PYTHONSAFEPATH", "1")
+    with pytest.raises(TrialError, match="ran ovspec from"):
+        _spawn(request, tmp_path, base)

@@ -116,10 +116,18 @@ def test_the_prefault_maps_every_page_of_the_weights_in(tmp_path: Path) -> None:
     assert WeightPageTrimmer(path, lambda: address).drop() == 1 << 20
     assert _resident_bytes_at(address) == 0
     prefault = WeightPrefault(path, lambda: address)
+    prefault.CHUNK_BYTES = 256 << 10  # four chunks
     prefault.start()
-    prefault.stop()
+    prefault.join()
     assert prefault.populated_bytes == 1 << 20
     assert _resident_bytes_at(address) == 1 << 20
+    # Stopped (the loader closing) before it begins: nothing more is advised.
+    assert WeightPageTrimmer(path, lambda: address).drop() == 1 << 20
+    stopped = WeightPrefault(path, lambda: address)
+    stopped.stop()
+    stopped.start()
+    stopped.join()
+    assert stopped.populated_bytes == 0 and _resident_bytes_at(address) == 0
 
 
 @needs_madvise
@@ -134,7 +142,7 @@ def test_the_prefault_leaves_what_is_not_the_weights_and_never_raises(tmp_path: 
     for where in (lambda: int(heap.ctypes.data), lambda: None, broken):
         prefault = WeightPrefault(path, where)
         prefault.start()
-        prefault.stop()
+        prefault.join()
         assert prefault.populated_bytes == 0
     assert heap.all()
 
@@ -175,6 +183,22 @@ def _prefaulting() -> bool:
     return any(t.name == "ovspec-weight-prefault" for t in threading.enumerate())
 
 
+def test_the_prefault_starts_for_a_lazy_start_only(
+    tiny_dir: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[str] = []
+    monkeypatch.setattr(WeightPrefault, "start", lambda self: started.append(self.name))
+    for policy, expected in (("one_ahead", 1), ("eager", 0)):
+        started.clear()
+        with _open(tiny_dir, store, True, policy=policy):
+            pass
+        # An eager start packs every rung with its trimmer running: nothing to prefault.
+        assert len(started) == expected, policy
+    started.clear()
+    with _open(tiny_dir, store, False):
+        assert started == []  # only with the trimmer (CPU graphs from the IR)
+
+
 def _decode_and_measure(
     tiny_dir: Path, store: Store, trim: bool, prompt: list[int]
 ) -> tuple[list[int], int]:
@@ -209,8 +233,6 @@ def test_decode_drops_the_weights_pages_and_keeps_its_tokens(tiny_dir: Path, sto
 def test_the_trimmer_waits_out_the_start_and_begins_at_the_first_decode(
     tiny_dir: Path, store: Store
 ) -> None:
-    with _open(tiny_dir, store, False):
-        assert not _prefaulting()  # only with the trimmer (CPU graphs from the IR)
     with _open(tiny_dir, store, True) as loader:
         loader.start(64)  # the first graph compiles and the prompt would run: no dropping
         loader.get(prefill_specialization(64, 16))
