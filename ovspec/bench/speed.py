@@ -143,8 +143,8 @@ def compile_own_bytecode(tree: Path | None = None) -> bool:
     arm (~0.1 s of its start, measured). False where the package folder is not writable."""
     import compileall
 
-    # ovspec/, from ovspec/bench/speed.py
-    package = tree / "ovspec" if tree is not None else Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[1]  # ovspec/, from ovspec/bench/speed.py
+    package = tree / "ovspec" if tree is not None else here
     return bool(compileall.compile_dir(package, quiet=2))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openvino as ov
@@ -110,14 +111,7 @@ def test_cpu_pinning_is_off_unless_asked() -> None:
 
 
 def test_a_sequence_releases_the_rungs_it_has_left(qwen2_dir: Path, store: Store) -> None:
-    with ovspec.open(
-        qwen2_dir,
-        ladder="32,64,128",
-        properties=EXACT_CPU_PROPERTIES,
-        store=store,
-        policy="eager",
-        prefill_chunk_tokens=8,
-    ) as loader:
+    with _cpu_ladder(qwen2_dir, store, policy="eager") as loader:
         result = decode(loader, list(range(5, 21)), max_new_tokens=40)
         released = [e.spec for e in result.events if e.kind is EventKind.RELEASED]
         assert released == ["prefill@32x8", "decode@32"]
@@ -132,21 +126,15 @@ def test_a_warm_start_never_reads_the_ir(
     qwen2_dir: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
-    options = {
-        "ladder": "32,64,128",
-        "properties": EXACT_CPU_PROPERTIES,
-        "store": store,
-        "prefill_chunk_tokens": 8,
-        "load_mode": "import",  # the store path (CPU's default compiles from the IR)
-    }
-    with ovspec.open(qwen2_dir, **options) as loader:  # type: ignore[arg-type]
+    # The store path (CPU's default compiles from the IR).
+    with _cpu_ladder(qwen2_dir, store, load_mode="import") as loader:
         cold = decode(loader, prompt, max_new_tokens=100)
 
     def no_prepare(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("a warm start must take the roles from the stored blobs")
 
     monkeypatch.setattr("ovspec.compile.preparing.prepare_model", no_prepare)
-    with ovspec.open(qwen2_dir, **options) as loader:  # type: ignore[arg-type]
+    with _cpu_ladder(qwen2_dir, store, load_mode="import") as loader:
         warm = decode(loader, prompt, max_new_tokens=100)
     assert warm.token_ids == cold.token_ids
     hits = [e for e in warm.events if e.kind is EventKind.STORE_HIT]
@@ -177,14 +165,16 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
     assert prefill_loaded <= result.ready_s <= result.first_token_s
 
 
-def _cpu_ladder(model_dir: Path, store: Store) -> Loader:
-    """CPU's default loader over 32,64,128 with 8-token prefill chunks."""
+def _cpu_ladder(model_dir: Path, store: Store, **options: Any) -> Loader:
+    """A CPU loader over 32,64,128 with 8-token prefill chunks: the defaults, unless
+    ``options`` (``ovspec.open``'s keywords) say otherwise."""
     return ovspec.open(
         model_dir,
         ladder="32,64,128",
         properties=EXACT_CPU_PROPERTIES,
         store=store,
         prefill_chunk_tokens=8,
+        **options,
     )
 
 
