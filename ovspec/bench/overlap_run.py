@@ -114,12 +114,23 @@ class _Background:
             self._on_since = None
 
     def cpu_s(self) -> float:
-        """User + system CPU seconds the process has used (procfs)."""
+        """CPU seconds the process's threads have run: the scheduler's nanosecond
+        counts (procfs ``schedstat``), else user + system time in clock ticks."""
+        proc = Path(f"/proc/{self.process.pid}")
         try:
-            text = Path(f"/proc/{self.process.pid}/stat").read_text()
+            return (
+                sum(
+                    int((task / "schedstat").read_text().split()[0])
+                    for task in (proc / "task").iterdir()
+                )
+                / 1e9
+            )
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             return 0.0
-        fields = text.rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def alive(self) -> bool:

@@ -221,9 +221,8 @@ def test_a_tiny_run_end_to_end(tiny_dir: Path, tmp_path: Path) -> None:
         assert len(entry["pairs"]) == 5
         assert entry["on_s"] > 0
         assert entry["background_cpu_s"] >= 0
-    # The loads really ran while on. CPU time is counted in 10 ms ticks and one load's
-    # on-slots here last a few tens of ms, so one load alone may show 0 (seen once in
-    # CI); all three together do not.
+    # The loads really ran while on: the scheduler counts their threads' run time in
+    # nanoseconds (clock ticks of 10 ms had shown 0 for all three in CI).
     assert sum(document["loads"][n]["background_cpu_s"] for n in config.loads) > 0
     assert "| memcpy | 5 |" in overlap.render(document)
     assert list(tmp_path.iterdir()) == []  # scratch removed

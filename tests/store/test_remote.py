@@ -257,11 +257,35 @@ def test_a_hung_server_is_unavailable_until_it_answers(
 
 _UPLOADER = textwrap.dedent(
     """
-    import sys
+    import io, sys, time
     from pathlib import Path
     from ovspec.store.keys import COMPONENT_NAMES, BlobKey
     from ovspec.store.remote import Remote
     from ovspec.store.s3 import S3Backend, S3Settings
+
+    class PacedBody(io.RawIOBase):
+        # The payload file, read at full speed while it is hashed; once read back from
+        # its start for the upload, it says "body" and then yields 1 MiB every 50 ms, so
+        # the test's kill lands mid-stream on any machine.
+        def __init__(self, path):
+            self.file, self.size, self.hashed, self.said = open(path, "rb"), 0, False, False
+        def readable(self): return True
+        def seekable(self): return True
+        def tell(self): return self.file.tell()
+        def seek(self, offset, whence=0):
+            self.hashed = self.hashed or self.file.tell() >= self.size > 0
+            return self.file.seek(offset, whence)
+        def readinto(self, buffer):
+            if not self.hashed:
+                n = self.file.readinto(buffer)
+                self.size = max(self.size, self.file.tell())
+                return n
+            if not self.said:
+                print("body", flush=True)
+                self.said = True
+            time.sleep(0.05)
+            with memoryview(buffer) as view:
+                return self.file.readinto(view[: 1 << 20])
 
     endpoint, access, secret, bucket, prefix, tag, payload, chunk = sys.argv[1:9]
     settings = S3Settings(bucket=bucket, prefix=prefix, endpoint=endpoint,
@@ -269,9 +293,9 @@ _UPLOADER = textwrap.dedent(
         multipart_chunk_bytes=int(chunk), multipart_concurrency=1)
     key = BlobKey.from_values({n: f"{n}-{tag}" for n in COMPONENT_NAMES})
     remote = Remote(S3Backend(settings))
-    with open(payload, "rb") as f:
-        print("start", flush=True)
-        print(remote.publish(key, f, 1.0, {}).outcome.value, flush=True)
+    body = io.BufferedReader(PacedBody(payload), 1 << 20)
+    print("start", flush=True)
+    print(remote.publish(key, body, 1.0, {}).outcome.value, flush=True)
     """
 )
 
@@ -315,7 +339,8 @@ def test_an_uploader_killed_during_a_single_put_leaves_nothing(
     prefix = new_prefix()
     child = _uploader(seaweed, prefix, "single", big_payload, 256 << 20)  # one PUT
     assert child.stdout is not None and child.stdout.readline().strip() == "start"
-    time.sleep(1.2)  # hashing 160 MiB takes ~0.4 s; then the body streams for seconds
+    assert child.stdout.readline().strip() == "body"  # hashed; the PUT's body is streaming
+    time.sleep(0.3)  # a few paced MiB of the 160 are sent
     _killed(child)
     _nothing_visible(seaweed, prefix, "single", tmp_path)
 
@@ -326,6 +351,7 @@ def test_an_uploader_killed_during_a_multipart_upload_leaves_nothing_readable(
     prefix = new_prefix()
     child = _uploader(seaweed, prefix, "multi", big_payload, 5 << 20)
     assert child.stdout is not None and child.stdout.readline().strip() == "start"
+    assert child.stdout.readline().strip() == "body"
     deadline = time.monotonic() + 30
     while not seaweed.unfinished_uploads(BUCKET, f"{prefix}/") and time.monotonic() < deadline:
         time.sleep(0.05)
