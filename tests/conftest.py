@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import openvino as ov
 import pytest
 
+from ovspec.compile.halves import compile_halves
+from ovspec.ir.partition import split_in_two
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import DynamicLLM, Specialization, prepare, read_ir, serving_spec
@@ -27,7 +29,8 @@ class DirectPrograms:
     """Compiles each specialization once on CPU, no store: the simplest ``Programs``.
     With ``rung_chunk_tokens`` every rung's decode runs on its 1..P prefill graph, as
     ``LoadMode.COMPILE`` serves the prompt's rung (later rungs there get static decode
-    graphs, the ``one_graph=False`` cases)."""
+    graphs, the ``one_graph=False`` cases). With ``halves`` every graph is compiled as
+    two halves run one after the other (``compile/halves.py``)."""
 
     def __init__(
         self,
@@ -35,8 +38,10 @@ class DirectPrograms:
         properties: dict[str, str] | None = None,
         rewrites: RewriteSet | None = None,
         rung_chunk_tokens: int | None = None,
+        halves: bool = False,
     ) -> None:
         self.llm = llm
+        self.halves = halves
         self.properties = dict(EXACT_CPU_PROPERTIES if properties is None else properties)
         self.rewrites = rewrites or RewriteSet()
         self.rung_chunk_tokens = rung_chunk_tokens
@@ -48,7 +53,12 @@ class DirectPrograms:
         spec = serving_spec(spec, self.rung_chunk_tokens, spec.capacity_tokens)
         if spec not in self.compiled:
             model = self.llm.specialize(spec, self.rewrites)
-            self.compiled[spec] = self.core.compile_model(model, "CPU", self.properties)
+            cut = split_in_two(model, self.llm.roles) if self.halves else None
+            if self.halves:
+                assert cut is not None, "every fixture has layers enough to halve"
+                self.compiled[spec] = compile_halves(self.core, cut, "CPU", self.properties)
+            else:
+                self.compiled[spec] = self.core.compile_model(model, "CPU", self.properties)
         return self.compiled[spec]
 
     def release(self, spec: Specialization) -> None:

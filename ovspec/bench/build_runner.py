@@ -76,7 +76,7 @@ class _Bench:
     """One benchmark run: scratch stores under ``scratch``, deleted by the caller."""
 
     def __init__(self, settings: Settings, scratch: Path, say: Callable[[str], None]) -> None:
-        from ovspec.compile.compiler import BlobMode
+        from ovspec.compile.modes import BlobMode
         from ovspec.compile.prewarm import BuildPlan, check_device, parse_phases
         from ovspec.ir.compression import Compression
         from ovspec.ir.model_dir import resolve_model
@@ -139,7 +139,7 @@ class _Bench:
     # -- key derivation ---------------------------------------------------------------
 
     def keys(self) -> KeyFigures:
-        from ovspec.compile.compiler import BlobMode
+        from ovspec.compile.modes import BlobMode
         from ovspec.compile.preparing import prepare_model
         from ovspec.store.digests import DigestMemo
 
@@ -196,7 +196,7 @@ class _Bench:
     # -- the ladder, cold and warm -------------------------------------------------------
 
     def ladders(self) -> tuple[tuple[LadderFigures, ...], tuple[SpecFigures, ...]]:
-        from ovspec.compile.compiler import BlobMode
+        from ovspec.compile.modes import BlobMode
 
         modes = (BlobMode.WEIGHTLESS, BlobMode.FULL)
         runs: dict[BlobMode, list[_LadderRun]] = {mode: [] for mode in modes}

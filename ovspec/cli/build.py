@@ -73,7 +73,7 @@ def build(
     each specialization lands; the summary's wall time is the whole command's.
     """
     started = time.perf_counter()
-    from ovspec.compile.compiler import BlobMode
+    from ovspec.compile.modes import BlobMode
     from ovspec.compile.prewarm import (
         BuildPlan,
         all_stored,

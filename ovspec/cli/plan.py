@@ -186,7 +186,8 @@ def plan(
     if decode_s is not None:
         sources["decode"] = "--decode-ms"
     if measure_flag or compile_s is None:
-        from ovspec.compile.compiler import BlobMode, Compiler
+        from ovspec.compile.compiler import Compiler
+        from ovspec.compile.modes import BlobMode
         from ovspec.ir.model_dir import resolve_model
         from ovspec.store.local import Store
 

@@ -69,7 +69,7 @@ def _run(
     as_json: bool,
 ) -> SharingReport:
     from ovspec.compile import sharing
-    from ovspec.compile.compiler import BlobMode
+    from ovspec.compile.modes import BlobMode
     from ovspec.compile.prewarm import BuildPlan, check_device, parse_phases
     from ovspec.ir.model_dir import resolve_model
     from ovspec.store.local import Store

@@ -20,7 +20,6 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,10 +34,13 @@ from ovspec.compile.devices import (
     key_properties,
     resolve_device,
 )
+from ovspec.compile.halves import HalvedCompiledModel, compile_halves
+from ovspec.compile.modes import BlobMode, LoadMode, blob_compile_properties
 from ovspec.compile.preparing import PreparedModel
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression, CompressionMode
 from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.partition import split_in_two
 from ovspec.ir.rewrites import GraphRewrite, RewriteSet
 from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import (
@@ -60,44 +62,6 @@ log = logging.getLogger(__name__)
 ROLES_METADATA = "roles"
 
 NO_PATCH = "none"
-
-
-class BlobMode(Enum):
-    """Whether a blob carries the weights. Weightless blobs point into the model's
-    own .bin by offset, so a ladder stores the weights once, not once per rung."""
-
-    FULL = "full"
-    WEIGHTLESS = "weightless"
-
-
-class LoadMode(Enum):
-    """How ``Compiler.load`` makes a graph ready.
-
-    IMPORT builds the blob into the store (on a miss) and imports it: the NPU path, and
-    a CPU option. COMPILE compiles the specialization from the prepared IR in memory and
-    never touches the store: OpenVINO 2026.4's CPU plugin re-classifies an imported
-    graph after its transformations, so every imported CPU graph loses the LLM
-    treatment and unpacks f16 weights to f32 (2x the memory, ~1.6x the step, measured;
-    DESIGN.md §10.15). ``ovspec.open`` picks COMPILE for CPU.
-    """
-
-    IMPORT = "import"
-    COMPILE = "compile"
-
-
-def default_load_mode(device: str) -> LoadMode:
-    return LoadMode.COMPILE if device_family(device) == "CPU" else LoadMode.IMPORT
-
-
-def blob_compile_properties(mode: BlobMode) -> dict[str, str]:
-    """Compile properties that make a device export a weightless blob.
-
-    CPU honours CACHE_MODE=OPTIMIZE_SIZE (ENABLE_WEIGHTLESS alone does nothing); the
-    NPU plugin reads ENABLE_WEIGHTLESS when no CACHE_DIR is set. Both are given.
-    """
-    if mode is BlobMode.FULL:
-        return {}
-    return {"CACHE_MODE": "OPTIMIZE_SIZE", "ENABLE_WEIGHTLESS": "YES"}
 
 
 @dataclass(frozen=True)
@@ -125,7 +89,7 @@ class Program:
     """A compiled specialization ready for infer requests."""
 
     spec: Specialization
-    compiled: ov.CompiledModel
+    compiled: ov.CompiledModel | HalvedCompiledModel
     build: BuildOutcome
     import_s: float
     # The mapped blob file: the CPU plugin keeps pointing into it, so it must live as
@@ -368,11 +332,12 @@ class Compiler:
         compiled, backing = self._import(mapping, outcome.path.name)
         return Program(spec, compiled, placeholder, time.perf_counter() - began, backing)
 
-    def load(self, spec: Specialization) -> Program:
+    def load(self, spec: Specialization, halves: bool = False) -> Program:
         """IMPORT: build if needed, then import the blob from the bytes the store verified.
-        COMPILE: compile the specialization (or reuse its rung's graph) from the IR."""
+        COMPILE: compile the specialization (or reuse its rung's graph) from the IR; with
+        ``halves`` as two halves side by side (``compile/halves.py``; IMPORT ignores it)."""
         if self.load_mode is LoadMode.COMPILE:
-            return self._compile_program(spec)
+            return self._compile_program(spec, halves)
         host = None
         if self.host_builder is not None:  # the host publishes; the import below hits
             host = self.host_builder.build(
@@ -437,7 +402,7 @@ class Compiler:
         with self._llm_lock:  # clones of one model, one at a time
             return llm.specialize(spec, self.rewrites)
 
-    def _compile_program(self, spec: Specialization) -> Program:
+    def _compile_program(self, spec: Specialization, halves: bool) -> Program:
         target = self.graph_spec(spec)
         with self._graphs_lock:
             gate = self._gates.setdefault(target, threading.Lock())
@@ -446,7 +411,7 @@ class Compiler:
             reused = compiled is not None
             compile_s = 0.0
             if compiled is None:
-                compiled, compile_s = self._compile(target, self.properties)
+                compiled, compile_s = self._compile(target, self.properties, halves)
                 self._graphs[target] = compiled
                 log.debug("compiled %s from the IR in %.3f s", target.label, compile_s)
         outcome = BuildOutcome(
@@ -463,13 +428,18 @@ class Compiler:
         return Program(spec, compiled, outcome, 0.0, np.empty(0, dtype=np.uint8), reused)
 
     def _compile(
-        self, spec: Specialization, properties: Mapping[str, Any]
-    ) -> tuple[ov.CompiledModel, float]:
-        """``spec``'s graph compiled with ``properties``, and the compile's seconds."""
+        self, spec: Specialization, properties: Mapping[str, Any], halves: bool = False
+    ) -> tuple[Any, float]:
+        """``spec``'s graph compiled with ``properties``, and the compile's seconds; with
+        ``halves`` a ``HalvedCompiledModel`` when the graph has layers enough to cut."""
         model = self.specialize(spec)
         began = time.perf_counter()
+        cut = split_in_two(model, self.llm().roles) if halves else None
         try:
-            compiled = self._core.compile_model(model, self.device, dict(properties))
+            if cut is not None:
+                compiled = compile_halves(self._core, cut, self.device, properties)
+            else:
+                compiled = self._core.compile_model(model, self.device, dict(properties))
         except RuntimeError as exc:
             raise CompileError(
                 f"{self.device} failed to compile {spec.label}: {openvino_message(exc)}"

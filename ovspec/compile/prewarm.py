@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import openvino as ov
 
-from ovspec.compile.compiler import NO_PATCH, BlobMode, BuildOutcome, Compiler
+from ovspec.compile.compiler import NO_PATCH, BuildOutcome, Compiler
 from ovspec.compile.devices import resolve_device
+from ovspec.compile.modes import BlobMode
 from ovspec.compile.preparing import prepare_model
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression

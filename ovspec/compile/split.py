@@ -285,7 +285,8 @@ def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
     """The host process: pin first (before OpenVINO makes threads), then build on request."""
     pin_process(config.host_cores)
     try:
-        from ovspec.compile.compiler import BlobMode, Compiler
+        from ovspec.compile.compiler import Compiler
+        from ovspec.compile.modes import BlobMode
         from ovspec.ir.compression import Compression
         from ovspec.ir.model_dir import resolve_model
         from ovspec.ir.rewrites import RewriteSet

@@ -25,6 +25,7 @@ import numpy as np
 import openvino as ov
 
 from ovspec.compile.compiler import Compiler, Program
+from ovspec.compile.halves import HalvedCompiledModel
 from ovspec.errors import CompileError, OvspecError
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
@@ -83,6 +84,7 @@ class Loader:
         worker_cores: tuple[int, ...] | None = None,
         pin_threads: Callable[[], None] | None = None,
         on_steady: Callable[[], None] | None = None,
+        halve_first_graph: bool = False,
     ) -> None:
         self.compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
@@ -120,6 +122,9 @@ class Loader:
         # eager start begins (it packs every rung before the prompt): work kept off a
         # latency-bound start (decoding.open: the weight-page trimmer).
         self._on_steady = on_steady
+        # A lazy start compiles the prompt's graph as two halves on two cores
+        # (``Compiler.load(halves=True)``): nothing else runs before the prompt.
+        self.halve_first_graph = halve_first_graph
 
     # -- public API ---------------------------------------------------------------
 
@@ -169,8 +174,9 @@ class Loader:
             for spec in specs:
                 self._obtain(spec, record_wait=False)
             return
+        halves = self.halve_first_graph
         if prefill is None:
-            self._obtain(decode, record_wait=False)
+            self._obtain(decode, record_wait=False, halves=halves)
             return
         # One graph may serve the rung's prefill and decode (COMPILE mode on CPU): then
         # the prompt's graph is the first decode graph too, and the worker stays idle.
@@ -178,9 +184,9 @@ class Loader:
         # when the session releases the prefill after the prompt.
         if not shared:
             self._submit(decode, foreground=True)
-            self._obtain(prefill, record_wait=False)
+            self._obtain(prefill, record_wait=False, halves=halves)
             return
-        self._obtain(prefill, record_wait=False)
+        self._obtain(prefill, record_wait=False, halves=halves)
         self._obtain(decode, record_wait=False)
 
     def share_prompt_rung(self, capacity_tokens: int) -> None:
@@ -210,7 +216,7 @@ class Loader:
         loads out of the time they measure."""
         self._obtain(_as_spec(spec), record_wait=False)
 
-    def _obtain(self, spec: Specialization, record_wait: bool) -> Program:
+    def _obtain(self, spec: Specialization, record_wait: bool, halves: bool = False) -> Program:
         """From memory, from a load under way (waiting for it), or loaded here."""
         self._check_open()
         with self._lock:
@@ -226,7 +232,7 @@ class Loader:
         assert pending is not None
         if owner:
             try:
-                program = self._load(spec, foreground=True)
+                program = self._load(spec, foreground=True, halves=halves)
             except BaseException as exc:
                 pending.set_exception(exc)
                 raise
@@ -331,12 +337,12 @@ class Loader:
         chunk = self.prefill_chunk_tokens or 1
         return Specialization.prefill(capacity_tokens, min(chunk, capacity_tokens))
 
-    def _load(self, spec: Specialization, foreground: bool) -> Program:
+    def _load(self, spec: Specialization, foreground: bool, halves: bool = False) -> Program:
         self._record(EventKind.LOAD_START, spec, foreground)
         if self._split_begun and self._pin_threads is not None:
             self._pin_threads()
         try:
-            program = self.compiler.load(spec)
+            program = self.compiler.load(spec, halves=halves)
         except Exception as exc:
             # The failed future stays in _pending: get() at the boundary re-raises it
             # rather than compiling the same failure again in the foreground.
@@ -350,7 +356,11 @@ class Loader:
             self._record(EventKind.FETCHED, spec, foreground, seconds=build.fetch_s, note=note)
         else:
             note = (
-                "the graph another specialization compiled (no compile)" if program.reused else ""
+                "the graph another specialization compiled (no compile)"
+                if program.reused
+                else "as two halves side by side"
+                if isinstance(program.compiled, HalvedCompiledModel)
+                else ""
             )
             self._record(
                 EventKind.COMPILED,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.cli import cli
 from ovspec.cli.generate import KV_LAYOUT_CHOICES, POLICY_CHOICES
-from ovspec.compile.compiler import default_load_mode
+from ovspec.compile.modes import default_load_mode
 from ovspec.errors import BadRequestError, ModelError
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner

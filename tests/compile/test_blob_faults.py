@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from mounts import fill, tmpfs
 
-from ovspec.compile.compiler import BlobMode, Compiler
+from ovspec.compile.compiler import Compiler
+from ovspec.compile.modes import BlobMode
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import RewriteSet

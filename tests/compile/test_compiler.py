@@ -11,7 +11,8 @@ import pytest
 from conftest import load_llm
 
 from ovspec.compile.blobfile import FileSink
-from ovspec.compile.compiler import BlobMode, Compiler, LoadMode
+from ovspec.compile.compiler import Compiler
+from ovspec.compile.modes import BlobMode, LoadMode
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner

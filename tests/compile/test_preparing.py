@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from ovspec.compile import preparing as preparing_module
-from ovspec.compile.compiler import Compiler, LoadMode
+from ovspec.compile.compiler import Compiler
+from ovspec.compile.modes import LoadMode
 from ovspec.compile.preparing import PreparedModel
 from ovspec.errors import DeviceError, ModelError
 from ovspec.ir.compression import Compression

@@ -47,14 +47,22 @@ def model_dir(request: pytest.FixtureRequest, tiny_dir: Path) -> Path:
 
 # A rung's decode runs on its own graph, or (live-tokens state only: a graph taking 1..P
 # tokens) on its prefill graph, as LoadMode.COMPILE serves it.
-CASES = [(name, False) for name in SETS] + [("cpu-default", True), ("cpu-separate", True)]
+# With ``halves`` every graph runs as two compiled halves (compile/halves.py), as the
+# prompt's graph does at a CPU start.
+CASES = (
+    [(name, False, False) for name in SETS]
+    + [("cpu-default", True, False), ("cpu-separate", True, False)]
+    + [("cpu-default", True, True), ("cpu-separate", False, True), ("none", False, True)]
+)
 
 
 @pytest.mark.parametrize(
-    ("name", "one_graph"), CASES, ids=[f"{n}{'-one-graph' * o}" for n, o in CASES]
+    ("name", "one_graph", "halves"),
+    CASES,
+    ids=[f"{n}{'-one-graph' * o}{'-halves' * h}" for n, o, h in CASES],
 )
 def test_rewritten_rungs_match_the_stateful_model(
-    model_dir: Path, name: str, one_graph: bool
+    model_dir: Path, name: str, one_graph: bool, halves: bool
 ) -> None:
     """Teacher-forced logits across two boundaries, prompts shorter than a chunk (the
     first chunk is mostly pads at 0 live tokens), a whole chunk, and longer than a rung."""
@@ -62,7 +70,9 @@ def test_rewritten_rungs_match_the_stateful_model(
     rng = np.random.default_rng(11)
     llm = load_llm(model_dir)
     control = StatefulRunner(read_ir(model_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES)
-    programs = DirectPrograms(llm, rewrites=rewrites, rung_chunk_tokens=8 if one_graph else None)
+    programs = DirectPrograms(
+        llm, rewrites=rewrites, rung_chunk_tokens=8 if one_graph else None, halves=halves
+    )
     vocab = llm.vocab_tokens or 2048
     for prompt_len in (3, 8, 37):
         prompt = rng.integers(3, vocab, prompt_len).tolist()

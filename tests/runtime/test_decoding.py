@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import openvino as ov
 import pytest
 
 import ovspec
+from ovspec.compile.halves import HalvedCompiledModel
 from ovspec.errors import BadRequestError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
 from ovspec.ir.specialize import Specialization
@@ -251,3 +253,54 @@ def test_cpu_compiles_each_rung_once_when_passed_rungs_are_released(
     compiles = [e for e in result.events if e.kind is EventKind.COMPILED and e.seconds > 0]
     assert sorted(e.spec for e in compiles) == ["decode@128", "decode@64", "prefill@32x8"]
     assert result.rungs == (32, 64, 128)
+
+
+def test_the_prompts_graph_compiles_in_two_halves_and_decodes_the_same_tokens(
+    qwen2_dir: Path, store: Store
+) -> None:
+    """A lazy CPU start compiles the graph the prompt waits for as two halves side by
+    side (a CPU compile is one thread); successors compile whole, beside the decode."""
+    prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
+    expected = _stateful(qwen2_dir).greedy(prompt, 60)
+    for halves in (True, False):
+        with _cpu_ladder(qwen2_dir, store, halve_first_graph=halves) as loader:
+            assert loader.halve_first_graph is halves
+            result = decode(loader, prompt, max_new_tokens=60, release_passed_rungs=False)
+            first = loader.program(Specialization.prefill(32, 8))
+            later = loader.program(Specialization.decode(64))
+            assert first is not None and later is not None
+            assert isinstance(first.compiled, HalvedCompiledModel) is halves
+            assert not isinstance(later.compiled, HalvedCompiledModel)
+        assert list(result.token_ids) == expected
+        notes = [e.note for e in result.events if e.kind is EventKind.COMPILED]
+        assert notes.count("as two halves side by side") == int(halves)
+
+
+@pytest.mark.parametrize("options", [{"load_mode": "import"}, {"policy": "eager"}])
+def test_halving_is_refused_where_it_cannot_apply(
+    qwen2_dir: Path, store: Store, options: dict[str, str]
+) -> None:
+    with pytest.raises(BadRequestError, match="halve_first_graph"):
+        _cpu_ladder(qwen2_dir, store, halve_first_graph=True, **options)
+
+
+@pytest.mark.parametrize(
+    ("cores", "options", "expected"),
+    [
+        ({0, 1}, {}, True),
+        ({0}, {}, False),  # one core: nothing to compile the other half on
+        ({0, 1}, {"policy": "eager"}, False),  # eager compiles two graphs at once
+        ({0, 1}, {"load_mode": "import"}, False),  # graphs come from blobs
+    ],
+)
+def test_halving_is_the_default_for_a_lazy_cpu_start_on_two_cores(
+    qwen2_dir: Path,
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    cores: set[int],
+    options: dict[str, str],
+    expected: bool,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: cores)
+    with _cpu_ladder(qwen2_dir, store, **options) as loader:
+        assert loader.halve_first_graph is expected

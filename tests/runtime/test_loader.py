@@ -24,6 +24,7 @@ class FakeCompiler:
         self.load_s = load_s
         self.fail = fail
         self.loaded: list[str] = []
+        self.halved: list[str] = []  # loads asked to compile in two halves
         self.threads: set[str] = set()
         self.lock = threading.Lock()
 
@@ -33,10 +34,12 @@ class FakeCompiler:
     def share_rung(self, capacity_tokens: int) -> None:
         pass  # no graph serves two specializations here
 
-    def load(self, spec: Specialization) -> Program:
+    def load(self, spec: Specialization, halves: bool = False) -> Program:
         time.sleep(self.load_s)
         with self.lock:
             self.loaded.append(spec.label)
+            if halves:
+                self.halved.append(spec.label)
             self.threads.add(threading.current_thread().name)
         if spec.capacity_tokens in self.fail:
             raise CompileError(f"CPU failed to compile {spec.label}: injected")
@@ -172,3 +175,23 @@ def test_concurrent_foreground_gets_share_one_load() -> None:
         for t in threads:
             t.join()
         assert fake.loaded == ["decode@128"]
+
+
+@pytest.mark.parametrize("policy", [Policy.ONE_AHEAD, Policy.ON_DEMAND])
+def test_only_the_graph_the_prompt_waits_for_is_halved(policy: Policy) -> None:
+    """Halving pays off only while nothing else runs: the prompt's graph at a lazy start.
+    The first decode graph and successors load beside a prompt or a decode, whole."""
+    fake = FakeCompiler()
+    with Loader(
+        fake,  # type: ignore[arg-type]
+        LADDER,
+        policy,
+        prefill_chunk_tokens=16,
+        warm_up=False,
+        halve_first_graph=True,
+    ) as loader:
+        loader.start(32)
+        loader.get(32)
+        loader.get(64)
+    assert fake.halved == ["prefill@32x16"]
+    assert {"decode@32", "decode@64"} <= set(fake.loaded)

@@ -54,7 +54,7 @@ class FakeCompiler:
     def share_rung(self, capacity_tokens: int) -> None:
         pass  # no graph serves two specializations here
 
-    def load(self, spec: Specialization) -> Program:
+    def load(self, spec: Specialization, halves: bool = False) -> Program:
         build = BuildOutcome(spec, "0" * 32, False, 0.0, 0.0, 0.0, 1, Path("/dev/null"))
         return Program(spec, object(), build, 0.0, None)  # type: ignore[arg-type]
 

@@ -1,0 +1,129 @@
+"""A graph compiled as two halves side by side and run as one (``ir/partition.py``).
+
+The halves compile at once, on two threads (a CPU compile keeps one core busy); a request
+runs the front, binds the tensors it hands off to the back's inputs and runs the back. To
+a caller it is a compiled model: inputs and outputs by name, requests, state.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import openvino as ov
+
+from ovspec.ir.partition import GraphHalves
+
+
+class HalvedCompiledModel:
+    """The two compiled halves; what ``Session`` and ``warm_up`` use of a compiled model."""
+
+    def __init__(
+        self, front: ov.CompiledModel, back: ov.CompiledModel, handoff: tuple[str, ...]
+    ) -> None:
+        self.front = front
+        self.back = back
+        self.handoff = handoff
+        passed = set(handoff)
+        front_inputs = {port.get_any_name() for port in front.inputs}
+        self._inputs = [
+            *front.inputs,
+            *(
+                p
+                for p in back.inputs
+                if p.get_any_name() not in passed and p.get_any_name() not in front_inputs
+            ),
+        ]
+        self._outputs = [
+            *(p for p in front.outputs if not passed & p.names),
+            *back.outputs,
+        ]
+
+    @property
+    def inputs(self) -> list[Any]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[Any]:
+        return list(self._outputs)
+
+    def input(self, name: str) -> Any:
+        return _port(self._inputs, name)
+
+    def output(self, name: str) -> Any:
+        return _port(self._outputs, name)
+
+    def create_infer_request(self) -> HalvedInferRequest:
+        return HalvedInferRequest(self)
+
+
+class HalvedInferRequest:
+    """Runs the front, then the back on what the front handed off."""
+
+    def __init__(self, compiled: HalvedCompiledModel) -> None:
+        self._front = compiled.front.create_infer_request()
+        self._back = compiled.back.create_infer_request()
+        self._handoff = compiled.handoff
+        passed = set(compiled.handoff)
+        self._front_inputs = {n for p in compiled.front.inputs for n in p.names}
+        self._back_inputs = {n for p in compiled.back.inputs for n in p.names} - passed
+        self._front_outputs = {n for p in compiled.front.outputs for n in p.names} - passed
+
+    def set_tensor(self, port: str | Any, tensor: ov.Tensor) -> None:
+        name = port if isinstance(port, str) else port.get_any_name()
+        taken = False
+        if name in self._front_inputs:
+            self._front.set_tensor(name, tensor)
+            taken = True
+        if name in self._back_inputs:
+            self._back.set_tensor(name, tensor)
+            taken = True
+        if not taken:
+            raise RuntimeError(f"the halved graph has no input {name!r}")
+
+    def get_tensor(self, name: str) -> ov.Tensor:
+        if name in self._front_outputs:
+            return self._front.get_tensor(name)
+        return self._back.get_tensor(name)
+
+    def query_state(self) -> list[Any]:
+        return [*self._front.query_state(), *self._back.query_state()]
+
+    def infer(self) -> None:
+        self._front.infer()
+        for name in self._handoff:  # the front's output tensors may move between calls
+            self._back.set_tensor(name, self._front.get_tensor(name))
+        self._back.infer()
+
+
+def compile_halves(
+    core: ov.Core, halves: GraphHalves, device: str, properties: Mapping[str, Any]
+) -> HalvedCompiledModel:
+    """Both halves compiled at once: the back on a thread of its own, the front on the
+    caller's (OpenVINO releases the GIL while it compiles). Raises the first failure."""
+    back: list[ov.CompiledModel] = []
+    failed: list[BaseException] = []
+
+    def compile_back() -> None:
+        try:
+            back.append(core.compile_model(halves.back, device, dict(properties)))
+        except BaseException as exc:  # re-raised on the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=compile_back, name="ovspec-back-half", daemon=True)
+    thread.start()
+    try:
+        front = core.compile_model(halves.front, device, dict(properties))
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]
+    return HalvedCompiledModel(front, back[0], halves.handoff)
+
+
+def _port(ports: list[Any], name: str) -> Any:
+    for port in ports:
+        if name in port.names:
+            return port
+    raise RuntimeError(f"the halved graph has no port {name!r}")

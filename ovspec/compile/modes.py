@@ -1,0 +1,48 @@
+"""The modes a ``Compiler`` runs in: whether blobs carry the weights (``BlobMode``) and
+whether graphs come from the store or straight from the IR (``LoadMode``), with the
+compile properties and the per-device default that follow from them.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from ovspec.compile.devices import device_family
+
+
+class BlobMode(Enum):
+    """Whether a blob carries the weights. Weightless blobs point into the model's
+    own .bin by offset, so a ladder stores the weights once, not once per rung."""
+
+    FULL = "full"
+    WEIGHTLESS = "weightless"
+
+
+class LoadMode(Enum):
+    """How ``Compiler.load`` makes a graph ready.
+
+    IMPORT builds the blob into the store (on a miss) and imports it: the NPU path, and
+    a CPU option. COMPILE compiles the specialization from the prepared IR in memory and
+    never touches the store: OpenVINO 2026.4's CPU plugin re-classifies an imported
+    graph after its transformations, so every imported CPU graph loses the LLM
+    treatment and unpacks f16 weights to f32 (2x the memory, ~1.6x the step, measured;
+    DESIGN.md §10.15). ``ovspec.open`` picks COMPILE for CPU.
+    """
+
+    IMPORT = "import"
+    COMPILE = "compile"
+
+
+def default_load_mode(device: str) -> LoadMode:
+    return LoadMode.COMPILE if device_family(device) == "CPU" else LoadMode.IMPORT
+
+
+def blob_compile_properties(mode: BlobMode) -> dict[str, str]:
+    """Compile properties that make a device export a weightless blob.
+
+    CPU honours CACHE_MODE=OPTIMIZE_SIZE (ENABLE_WEIGHTLESS alone does nothing); the
+    NPU plugin reads ENABLE_WEIGHTLESS when no CACHE_DIR is set. Both are given.
+    """
+    if mode is BlobMode.FULL:
+        return {}
+    return {"CACHE_MODE": "OPTIMIZE_SIZE", "ENABLE_WEIGHTLESS": "YES"}
