@@ -16,6 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
 from ovspec.bench.overlap import LOADS, PAGE, Overlap, campaign_overlap

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
 from ovspec.bench.build_records import DEFAULT_MODELS_DIR

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
 from ovspec.bench.environment import environment, load_average

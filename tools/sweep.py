@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
 from ovspec.bench.pages import write_page
