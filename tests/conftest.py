@@ -53,8 +53,8 @@ class DirectPrograms:
         spec = serving_spec(spec, self.rung_chunk_tokens, spec.capacity_tokens)
         if spec not in self.compiled:
             model = self.llm.specialize(spec, self.rewrites)
-            cut = split_in_two(model, self.llm.roles) if self.halves else None
             if self.halves:
+                cut = split_in_two(model, self.llm.roles)
                 assert cut is not None, "every fixture has layers enough to halve"
                 self.compiled[spec] = compile_halves(self.core, cut, "CPU", self.properties)
             else:

@@ -34,7 +34,7 @@ from ovspec.compile.devices import (
     key_properties,
     resolve_device,
 )
-from ovspec.compile.halves import HalvedCompiledModel, compile_halves
+from ovspec.compile.halves import CompiledGraph, compile_halves
 from ovspec.compile.modes import BlobMode, LoadMode, blob_compile_properties
 from ovspec.compile.preparing import PreparedModel
 from ovspec.errors import CompileError, openvino_message
@@ -89,7 +89,7 @@ class Program:
     """A compiled specialization ready for infer requests."""
 
     spec: Specialization
-    compiled: ov.CompiledModel | HalvedCompiledModel
+    compiled: CompiledGraph
     build: BuildOutcome
     import_s: float
     # The mapped blob file: the CPU plugin keeps pointing into it, so it must live as
@@ -160,7 +160,7 @@ class Compiler:
         self._static_values: dict[str, str] | None = None
         # COMPILE mode: graphs alive in some Program, and one gate per graph so two
         # threads asking for the same graph compile it once.
-        self._graphs: weakref.WeakValueDictionary[Specialization, ov.CompiledModel] = (
+        self._graphs: weakref.WeakValueDictionary[Specialization, CompiledGraph] = (
             weakref.WeakValueDictionary()
         )
         self._gates: dict[Specialization, threading.Lock] = {}
@@ -429,17 +429,35 @@ class Compiler:
 
     def _compile(
         self, spec: Specialization, properties: Mapping[str, Any], halves: bool = False
-    ) -> tuple[Any, float]:
+    ) -> tuple[CompiledGraph, float]:
         """``spec``'s graph compiled with ``properties``, and the compile's seconds; with
         ``halves`` a ``HalvedCompiledModel`` when the graph has layers enough to cut."""
+        if not halves:
+            return self._compile_whole(spec, properties)
         model = self.specialize(spec)
         began = time.perf_counter()
-        cut = split_in_two(model, self.llm().roles) if halves else None
         try:
-            if cut is not None:
-                compiled = compile_halves(self._core, cut, self.device, properties)
-            else:
-                compiled = self._core.compile_model(model, self.device, dict(properties))
+            cut = split_in_two(model, self.llm().roles)
+        except RuntimeError as exc:  # halving only saves time: compile the graph whole
+            log.warning("compiling %s whole: %s", spec.label, openvino_message(exc))
+            return self._compile_whole(spec, properties)
+        if cut is None:  # the model is untouched
+            return self._compile_whole(spec, properties, model)
+        try:
+            compiled = compile_halves(self._core, cut, self.device, properties)
+        except RuntimeError as exc:
+            raise CompileError(
+                f"{self.device} failed to compile {spec.label}: {openvino_message(exc)}"
+            ) from exc
+        return compiled, time.perf_counter() - began
+
+    def _compile_whole(
+        self, spec: Specialization, properties: Mapping[str, Any], model: ov.Model | None = None
+    ) -> tuple[ov.CompiledModel, float]:
+        model = model if model is not None else self.specialize(spec)
+        began = time.perf_counter()
+        try:
+            compiled = self._core.compile_model(model, self.device, dict(properties))
         except RuntimeError as exc:
             raise CompileError(
                 f"{self.device} failed to compile {spec.label}: {openvino_message(exc)}"
@@ -447,7 +465,7 @@ class Compiler:
         return compiled, time.perf_counter() - began
 
     def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float, int]:
-        compiled, compile_s = self._compile(spec, self._compile_properties)
+        compiled, compile_s = self._compile_whole(spec, self._compile_properties)
         began = time.perf_counter()
         try:
             with path.open("wb") as f:

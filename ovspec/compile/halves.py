@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import openvino as ov
 
@@ -17,7 +17,10 @@ from ovspec.ir.partition import GraphHalves
 
 
 class HalvedCompiledModel:
-    """The two compiled halves; what ``Session`` and ``warm_up`` use of a compiled model."""
+    """The two compiled halves; what ``Session`` and ``warm_up`` use of a compiled model.
+
+    The front's last ``len(handoff)`` outputs are its hand-offs, in order (they may carry
+    names of the whole graph's tensors: they are told apart by position, not name)."""
 
     def __init__(
         self, front: ov.CompiledModel, back: ov.CompiledModel, handoff: tuple[str, ...]
@@ -25,6 +28,7 @@ class HalvedCompiledModel:
         self.front = front
         self.back = back
         self.handoff = handoff
+        self.own_front_outputs = len(front.outputs) - len(handoff)
         passed = set(handoff)
         front_inputs = {port.get_any_name() for port in front.inputs}
         self._inputs = [
@@ -35,10 +39,7 @@ class HalvedCompiledModel:
                 if p.get_any_name() not in passed and p.get_any_name() not in front_inputs
             ),
         ]
-        self._outputs = [
-            *(p for p in front.outputs if not passed & p.names),
-            *back.outputs,
-        ]
+        self._outputs = [*front.outputs[: self.own_front_outputs], *back.outputs]
 
     @property
     def inputs(self) -> list[Any]:
@@ -58,17 +59,25 @@ class HalvedCompiledModel:
         return HalvedInferRequest(self)
 
 
+# What the loader and a session hold: one compiled model, or two halves run as one.
+CompiledGraph: TypeAlias = "ov.CompiledModel | HalvedCompiledModel"
+
+
 class HalvedInferRequest:
     """Runs the front, then the back on what the front handed off."""
 
     def __init__(self, compiled: HalvedCompiledModel) -> None:
         self._front = compiled.front.create_infer_request()
         self._back = compiled.back.create_infer_request()
-        self._handoff = compiled.handoff
+        own = compiled.own_front_outputs
+        # (front output index, back input port) per hand-off
+        self._handoff = [
+            (own + i, compiled.back.input(name)) for i, name in enumerate(compiled.handoff)
+        ]
         passed = set(compiled.handoff)
         self._front_inputs = {n for p in compiled.front.inputs for n in p.names}
         self._back_inputs = {n for p in compiled.back.inputs for n in p.names} - passed
-        self._front_outputs = {n for p in compiled.front.outputs for n in p.names} - passed
+        self._front_outputs = {n for p in compiled.front.outputs[:own] for n in p.names}
 
     def set_tensor(self, port: str | Any, tensor: ov.Tensor) -> None:
         name = port if isinstance(port, str) else port.get_any_name()
@@ -92,8 +101,8 @@ class HalvedInferRequest:
 
     def infer(self) -> None:
         self._front.infer()
-        for name in self._handoff:  # the front's output tensors may move between calls
-            self._back.set_tensor(name, self._front.get_tensor(name))
+        for index, port in self._handoff:  # the front's output tensors may move between calls
+            self._back.set_tensor(port, self._front.get_output_tensor(index))
         self._back.infer()
 
 
@@ -111,6 +120,8 @@ def compile_halves(
         except BaseException as exc:  # re-raised on the caller's thread
             failed.append(exc)
 
+    # The halves share constants and input nodes: safe to compile at once, as the CPU
+    # plugin clones a model before it transforms it (plugin.cpp, read) and only reads it.
     thread = threading.Thread(target=compile_back, name="ovspec-back-half", daemon=True)
     thread.start()
     try:

@@ -17,7 +17,8 @@ from openvino.op.util import Variable, VariableInfo
 from ovspec.ir.graph_io import PRESENTS_OUTPUT
 from ovspec.ir.roles import ModelRoles
 
-# The back's inputs that the front computes: output i of the front is ``HANDOFF_PREFIX``i.
+# The back's inputs for what the front computes for it: ``HANDOFF_PREFIX``i is the back's
+# input for the front's i-th hand-off output (its outputs after its own, in order).
 HANDOFF_PREFIX = "ovspec.handoff."
 # A do-nothing state a half gets when it would otherwise lose the CPU plugin's LLM mode.
 LLM_MARKER_VARIABLE = "ovspec.llm_marker"
@@ -28,28 +29,33 @@ _NOT_FOLDABLE = {"Parameter", "ReadValue"}
 
 @dataclass(frozen=True)
 class GraphHalves:
+    """A graph as two models: run ``front``, then ``back`` on what it handed off."""
+
     front: ov.Model
     back: ov.Model
-    # The tensors the front returns for the back, by name (the front's outputs and the
-    # back's inputs of that name).
+    # The back's inputs fed by the front, in the order of the front's last outputs.
     handoff: tuple[str, ...]
-    front_layers: int
-    back_layers: int
+    front_layers: int  # layers whose new K/V the front computes (their attention is in
+    back_layers: int  # the front too, but for the last one's: that one opens the back)
 
 
 def split_in_two(model: ov.Model, roles: ModelRoles) -> GraphHalves | None:
-    """``model`` cut after the first half of its layers; it is taken apart in place, so
-    give it a graph of its own (a fresh specialization). None, with ``model`` untouched,
-    for a graph with fewer than two layers or when either half would hold no MatMul
-    (nothing worth compiling apart).
+    """``model`` cut in two about half way through its layers; it is taken apart in
+    place, so give it a graph of its own (a fresh specialization). None, with ``model``
+    untouched, for a graph with fewer than two layers or when either half would hold no
+    MatMul (nothing worth compiling apart).
 
-    The front is every node the first layers' new K/V and the graph's state updates
-    depend on; the back is the rest. Constants, and nodes computed from constants alone
-    (weight decompressions), are shared, never passed across: the back's weights stay
-    constants the plugin can pack. Inputs stay where they are read (both halves, if
-    both read one). Each half that lacks a v13 SDPA or a state variable while the graph
-    had both gets a tiny one (``LLM_MARKER_VARIABLE``): the CPU plugin keeps f16 weights
-    compressed only in a graph it classifies as an LLM, by exactly those two things.
+    The front is every node the first half of the layers' new K/V and the graph's state
+    updates depend on: the layers before the cut, and the last front layer's K/V
+    projections (its attention opens the back). The back is the rest. Nodes computed
+    from constants and input shapes alone (weight decompressions, a chunk's length) are
+    in both halves, never handed across: the back's weights stay constants the plugin
+    can pack, and its shapes stay as static as the whole graph's. Inputs are read where
+    they are needed (by both halves, if both need one). i64 values cross as i32: in an
+    LLM graph they are lengths and positions. Each half that lacks a v13 SDPA or a
+    state variable while the graph had both gets a tiny one (``LLM_MARKER_VARIABLE``):
+    the CPU plugin keeps f16 weights compressed only in a graph it classifies as an
+    LLM, by exactly those two things.
     """
     layers = sorted({role.layer for role in roles.kv})
     if len(layers) < 2:
@@ -61,19 +67,22 @@ def split_in_two(model: ov.Model, roles: ModelRoles) -> GraphHalves | None:
     matmuls = [node.get_name() in front for node in ordered if node.get_type_name() == "MatMul"]
     if all(matmuls) or not any(matmuls):
         return None
-    foldable = _constant_only(ordered)
+    shareable = _shareable(ordered)
 
     handoff: dict[tuple[str, int], ov.Output] = {}  # what the back's consumers read instead
     handoff_results: list[ov.Node] = []
     stand_ins: list[ov.Node] = []  # the back's inputs for them
-    shared_inputs: dict[str, ov.Node] = {}
+    shared_inputs: dict[str, ov.Node] = {}  # inputs the back reads too, by node name
     for node in ordered:
         if node.get_name() in front:
             continue
         for port in node.inputs():
             source = port.get_source_output()
             producer = source.get_node()
-            if producer.get_name() not in front or producer.get_name() in foldable:
+            if producer.get_name() not in front:
+                continue
+            if producer.get_name() in shareable:  # the back computes it too
+                shared_inputs.update(shareable[producer.get_name()])
                 continue
             if node.get_type_name() == "Result":
                 continue  # an output computed in the front (a front layer's K/V) stays there
@@ -126,13 +135,14 @@ def split_in_two(model: ov.Model, roles: ModelRoles) -> GraphHalves | None:
 def _hand_off(
     source: ov.Output, name: str, results: list[ov.Node], stand_ins: list[ov.Node]
 ) -> ov.Output:
-    """``source`` as an output ``name`` of the front and the back's input of that name;
+    """``source`` as the front's next hand-off output and the back's input ``name``;
     returns what the back's consumers read. An i64 tensor crosses as i32 (the CPU
-    plugin refuses an i64 output; it computes shapes and positions in i32 anyway)."""
+    plugin refuses an i64 output; it computes shapes and positions in i32 anyway).
+    The source tensor is not renamed: the front's outputs keep the whole graph's names,
+    and hand-offs are told apart by position (``compile/halves.py``)."""
     kind = source.get_element_type()
     wide = kind == ov.Type.i64
     carried = ops.convert(source, ov.Type.i32).output(0) if wide else source
-    carried.get_tensor().add_names({name})
     results.append(ops.result(carried))
     stand_in = ops.parameter(source.get_partial_shape(), ov.Type.i32 if wide else kind, name=name)
     stand_in.output(0).get_tensor().set_names({name})
@@ -167,17 +177,25 @@ def _ancestors(seeds: list[ov.Node]) -> set[str]:
     return seen
 
 
-def _constant_only(ordered: list[ov.Node]) -> set[str]:
-    """Names of the nodes computed from constants alone (in topological ``ordered``)."""
-    found: set[str] = set()
+def _shareable(ordered: list[ov.Node]) -> dict[str, dict[str, ov.Node]]:
+    """The nodes computed from constants and the shapes of inputs alone (in topological
+    ``ordered``), by name, each with the inputs whose shapes it reads (by name)."""
+    found: dict[str, dict[str, ov.Node]] = {}
     for node in ordered:
         kind = node.get_type_name()
-        if kind == "Constant" or (
+        sources = [p.get_source_output().get_node() for p in node.inputs()]
+        if kind == "Constant":
+            found[node.get_name()] = {}
+        elif kind == "ShapeOf" and sources[0].get_type_name() == "Parameter":
+            found[node.get_name()] = {sources[0].get_name(): sources[0]}
+        elif (
             kind not in _NOT_FOLDABLE
-            and node.get_input_size() > 0
-            and all(p.get_source_output().get_node().get_name() in found for p in node.inputs())
+            and sources
+            and all(source.get_name() in found for source in sources)
         ):
-            found.add(node.get_name())
+            found[node.get_name()] = {
+                k: v for source in sources for k, v in found[source.get_name()].items()
+            }
     return found
 
 
@@ -190,12 +208,13 @@ def _is_llm_shaped(model: ov.Model) -> bool:
 
 def _add_llm_marker(model: ov.Model) -> None:
     """A [1,1,1,1] SDPA of constants stored into a state nobody reads: it makes the half
-    an LLM to the CPU plugin and costs nothing at run time (it folds away)."""
+    an LLM to the CPU plugin, which then drops it (no request of a half lists it)."""
     info = VariableInfo()
     info.variable_id = LLM_MARKER_VARIABLE
     info.data_shape = ov.PartialShape([1, 1, 1, 1])
     info.data_type = ov.Type.f32
     variable = Variable(info)
     one = ops.constant(np.ones([1, 1, 1, 1], dtype=np.float32))
-    model.add_variables([variable])
     model.add_sinks([ops.assign(ops.scaled_dot_product_attention(one, one, one), variable)])
+    if not any(v.get_info().variable_id == LLM_MARKER_VARIABLE for v in model.get_variables()):
+        model.add_variables([variable])  # add_sinks registers it in some OpenVINO versions

@@ -72,7 +72,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     rewrites: RewriteSet | str | None = None,
     split: CoreSplit | bool | None = None,
     trim_weight_pages: bool | None = None,
-    halve_first_graph: bool | None = None,
+    halve_prompt_graph: bool | None = None,
 ) -> Loader:
     """A lazy loader for ``model`` (a folder, or ``builtin:PRESET``) over ``ladder``.
 
@@ -98,7 +98,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     measured): keep the IR's mapped ``.bin`` out of the resident set once graphs have
     packed their weights (``runtime/residency.py``; about 1 GiB of RSS on the 0.5B preset),
     from the first decode step on (an eager start: from its beginning).
-    ``halve_first_graph`` (default: on for CPU graphs compiled from the IR, a lazy
+    ``halve_prompt_graph`` (default: on for CPU graphs compiled from the IR, a lazy
     policy and at least 2 usable cores): compile the graph the prompt waits for as two
     halves side by side and run them one after the other (``compile/halves.py``; a CPU
     compile is one thread; -0.35 s of the 0.5B preset's start, measured).
@@ -121,7 +121,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
         properties = {THREADS_PROPERTY: str(len(cores.device)), **properties}
     mode = mode or default_load_mode(device)
     trim = _trims_weight_pages(trim_weight_pages, device, mode)
-    halves = _halves_first_graph(halve_first_graph, device, mode, policy)
+    halves = _halves_prompt_graph(halve_prompt_graph, device, mode, policy)
     rewrite_set = RewriteSet.parse(rewrites) if isinstance(rewrites, str) else rewrites
     owns_store = not isinstance(store, Store)
     if isinstance(store, Store):
@@ -208,7 +208,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
             # mapping then, and dropping its pages meanwhile cost ~0.1 s of the first
             # prefill (re-faults, TLB shootdowns; measured). Its RSS then is genai's own.
             on_steady=trimmer.start if trimmer is not None else None,
-            halve_first_graph=halves,
+            halve_prompt_graph=halves,
         )
     except BaseException:
         for callback in on_close:
@@ -226,24 +226,29 @@ def _trims_weight_pages(asked: bool | None, device: str, mode: LoadMode) -> bool
     return asked
 
 
-def _halves_first_graph(asked: bool | None, device: str, mode: LoadMode, policy: Policy) -> bool:
+def _halves_prompt_graph(asked: bool | None, device: str, mode: LoadMode, policy: Policy) -> bool:
     if asked and (mode is not LoadMode.COMPILE or policy is Policy.EAGER):
         why = (
-            "graphs come from blobs"
+            f"{arg('load_mode', 'import')} loads whole blobs; use load_mode='compile'"
             if mode is not LoadMode.COMPILE
-            else "eager compiles two at once"
+            else "an eager start compiles two graphs at once already; use a lazy policy"
         )
-        raise BadRequestError(
-            f"{arg('halve_first_graph')} needs a lazy start compiling from the IR ({why})"
-        )
+        raise BadRequestError(f"{arg('halve_prompt_graph')} cannot apply: {why}")
     if asked is None:
         return (
             device_family(device) == "CPU"  # measured there; NPU graphs come from blobs
             and mode is LoadMode.COMPILE
             and policy is not Policy.EAGER
-            and len(os.sched_getaffinity(0)) >= 2
+            and _usable_core_count() >= 2
         )
     return asked
+
+
+def _usable_core_count() -> int:
+    """Cores this process may run on (its affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _start_split(

@@ -25,7 +25,7 @@ import numpy as np
 import openvino as ov
 
 from ovspec.compile.compiler import Compiler, Program
-from ovspec.compile.halves import HalvedCompiledModel
+from ovspec.compile.halves import CompiledGraph, HalvedCompiledModel
 from ovspec.errors import CompileError, OvspecError
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
@@ -84,7 +84,7 @@ class Loader:
         worker_cores: tuple[int, ...] | None = None,
         pin_threads: Callable[[], None] | None = None,
         on_steady: Callable[[], None] | None = None,
-        halve_first_graph: bool = False,
+        halve_prompt_graph: bool = False,
     ) -> None:
         self.compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
@@ -122,9 +122,9 @@ class Loader:
         # eager start begins (it packs every rung before the prompt): work kept off a
         # latency-bound start (decoding.open: the weight-page trimmer).
         self._on_steady = on_steady
-        # A lazy start compiles the prompt's graph as two halves on two cores
-        # (``Compiler.load(halves=True)``): nothing else runs before the prompt.
-        self.halve_first_graph = halve_first_graph
+        # A lazy start compiles the graph its prompt waits for as two halves on two cores
+        # (``Compiler.load(halves=True)``) when nothing else loads meanwhile.
+        self.halve_prompt_graph = halve_prompt_graph
 
     # -- public API ---------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class Loader:
             for spec in specs:
                 self._obtain(spec, record_wait=False)
             return
-        halves = self.halve_first_graph
+        halves = self.halve_prompt_graph  # not beside a load on the worker (below)
         if prefill is None:
             self._obtain(decode, record_wait=False, halves=halves)
             return
@@ -184,7 +184,7 @@ class Loader:
         # when the session releases the prefill after the prompt.
         if not shared:
             self._submit(decode, foreground=True)
-            self._obtain(prefill, record_wait=False, halves=halves)
+            self._obtain(prefill, record_wait=False)
             return
         self._obtain(prefill, record_wait=False, halves=halves)
         self._obtain(decode, record_wait=False)
@@ -198,7 +198,7 @@ class Loader:
                 return
         self.compiler.share_rung(capacity_tokens)
 
-    def get(self, spec: Specialization | int) -> ov.CompiledModel:
+    def get(self, spec: Specialization | int) -> CompiledGraph:
         """The compiled graph of ``spec`` (a rung means its decode graph); loads it in the
         foreground if nobody has."""
         self._check_open()
@@ -355,13 +355,11 @@ class Loader:
             note = f"fetched {build.blob_bytes} bytes instead of a {build.compile_s:.3f} s compile"
             self._record(EventKind.FETCHED, spec, foreground, seconds=build.fetch_s, note=note)
         else:
-            note = (
-                "the graph another specialization compiled (no compile)"
-                if program.reused
-                else "as two halves side by side"
-                if isinstance(program.compiled, HalvedCompiledModel)
-                else ""
-            )
+            note = ""
+            if program.reused:
+                note = "the graph another specialization compiled (no compile)"
+            elif isinstance(program.compiled, HalvedCompiledModel):
+                note = "as two halves side by side"
             self._record(
                 EventKind.COMPILED,
                 spec,
@@ -439,7 +437,7 @@ def _as_spec(spec: Specialization | int) -> Specialization:
     return Specialization.decode(spec) if isinstance(spec, int) else spec
 
 
-def warm_up(compiled: ov.CompiledModel) -> float:
+def warm_up(compiled: CompiledGraph) -> float:
     """Run one throwaway inference; returns its seconds.
 
     A compiled model's first inference pays one-time costs (CPU: allocations and

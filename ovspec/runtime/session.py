@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 import openvino as ov
 
+from ovspec.compile.halves import CompiledGraph
 from ovspec.errors import LadderError
 from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE, PRESENTS_OUTPUT
 from ovspec.ir.roles import ModelRoles
@@ -27,7 +28,7 @@ class Programs(Protocol):
     """Where compiled graphs come from. ``get`` may block; it reports its wait.
     ``release`` says this sequence is done with a graph (it may be dropped)."""
 
-    def get(self, spec: Specialization) -> ov.CompiledModel: ...
+    def get(self, spec: Specialization) -> CompiledGraph: ...
 
     def release(self, spec: Specialization) -> None: ...
 
@@ -63,7 +64,7 @@ class _Bound:
     """
 
     def __init__(
-        self, compiled: ov.CompiledModel, roles: ModelRoles, spec: Specialization, kv: KVCache
+        self, compiled: CompiledGraph, roles: ModelRoles, spec: Specialization, kv: KVCache
     ) -> None:
         self.spec = spec
         self.request = compiled.create_infer_request()

@@ -10,14 +10,18 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 import pytest
-from conftest import load_llm
+from conftest import DirectPrograms, load_llm
 
+import ovspec.ir.partition as partition
 from ovspec.compile.halves import compile_halves
 from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE
 from ovspec.ir.partition import HANDOFF_PREFIX, LLM_MARKER_VARIABLE, split_in_two
-from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
 from ovspec.ir.rewrites import RewriteSet
-from ovspec.ir.specialize import DynamicLLM, Specialization, serving_spec
+from ovspec.ir.specialize import DynamicLLM, Specialization, read_ir, serving_spec
+from ovspec.ladder import Ladder
+from ovspec.runtime.kv import CopyAndGrowKV
+from ovspec.runtime.session import DecodeSession
 from ovspec.testing import PRESETS, write_model
 
 FIRST_GRAPH = serving_spec(Specialization.prefill(32, 8), 8, 32)  # 1..8 tokens, rung 32
@@ -44,11 +48,18 @@ def _weight_matmuls(model: ov.Model) -> int:
     )
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama", "tied"])
-def llm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> DynamicLLM:
-    if request.param == "tied":  # one table for the embedding and the LM head, as Qwen2.5's
-        spec = dataclasses.replace(PRESETS["tiny"], tie_word_embeddings=True)
-        return load_llm(write_model(spec, tmp_path_factory.mktemp("tied") / "model"))
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 layers, so the front holds whole layers (with their attention and the state) as
+    on a real model; one table for the embedding and the LM head, as Qwen2.5's."""
+    spec = dataclasses.replace(PRESETS["tiny"], layers=4, tie_word_embeddings=True)
+    return write_model(spec, tmp_path_factory.mktemp("four") / "model")
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama", "four-tied"])
+def llm(request: pytest.FixtureRequest, four_layers: Path) -> DynamicLLM:
+    if request.param == "four-tied":
+        return load_llm(four_layers)
     return load_llm(Path(__file__).parents[1] / "data" / str(request.param))
 
 
@@ -63,8 +74,14 @@ def test_each_half_stays_an_llm_to_the_cpu_plugin(llm: DynamicLLM) -> None:
     for half in (halves.front, halves.back):
         assert half.get_variables()
         assert any(n.get_type_name() == "ScaledDotProductAttention" for n in half.get_ops())
-    # The back reads no state of its own: it got the marker.
+    # The back reads no state of its own: it got the marker. A front of whole layers
+    # has the state and the kept SDPA (a 2-layer fixture's front is only layer 0's K/V).
     assert [v.get_info().variable_id for v in halves.back.get_variables()] == [LLM_MARKER_VARIABLE]
+    front_variables = {v.get_info().variable_id for v in halves.front.get_variables()}
+    whole_layers = {LIVE_TOKENS_VARIABLE}
+    assert front_variables == (
+        whole_layers if halves.front_layers > 1 else whole_layers | {LLM_MARKER_VARIABLE}
+    )
 
 
 def test_weights_stay_constants_on_both_sides_of_the_cut(llm: DynamicLLM) -> None:
@@ -80,6 +97,60 @@ def test_weights_stay_constants_on_both_sides_of_the_cut(llm: DynamicLLM) -> Non
     assert halves.handoff and all(n.startswith(HANDOFF_PREFIX) for n in halves.handoff)
 
 
+def test_a_static_graph_stays_static_in_the_back(llm: DynamicLLM) -> None:
+    """What the back computes from input shapes (a chunk's length, positions) it computes
+    itself: handed across as data, every shape after it would become dynamic."""
+    model = llm.specialize(Specialization.decode(32), RewriteSet.for_device("CPU"))
+    assert all(out.get_partial_shape().is_static for n in model.get_ops() for out in n.outputs())
+    halves = split_in_two(model, llm.roles)
+    assert halves is not None
+    for half in (halves.front, halves.back):
+        dynamic = [
+            n.get_friendly_name()
+            for n in half.get_ops()
+            if any(out.get_partial_shape().is_dynamic for out in n.outputs())
+        ]
+        assert dynamic == []
+
+
+@pytest.mark.parametrize("one_graph", [False, True], ids=["static-decode", "one-graph"])
+def test_the_halves_decode_as_the_stateful_model(four_layers: Path, one_graph: bool) -> None:
+    """Teacher-forced over a boundary, every graph in halves: the prefill graph and static
+    decode graphs, or 1..P graphs that also decode (test_rewrites runs the 2-layer
+    fixtures the same way)."""
+    llm = load_llm(four_layers)
+    control = StatefulRunner(
+        read_ir(four_layers / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES
+    )
+    programs = DirectPrograms(
+        llm,
+        rewrites=RewriteSet.for_device("CPU"),
+        rung_chunk_tokens=8 if one_graph else None,
+        halves=True,
+    )
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(3, 2048, 12).tolist()
+    forced = rng.integers(3, 2048, 40).tolist()
+    expected = control.teacher_forced(prompt, forced)
+    session = DecodeSession(llm.roles, Ladder((32, 64)), CopyAndGrowKV(llm.roles, 32), programs, 8)
+    got = np.stack([session.prefill(prompt)] + [session.step(t) for t in forced])
+    session.close()
+    assert len(session.boundaries) == 1
+    np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
+    cosine = (got * expected).sum(-1) / np.linalg.norm(got, axis=-1)
+    assert (cosine / np.linalg.norm(expected, axis=-1)).min() >= 0.99999
+
+
+def test_a_cut_with_no_matmul_on_one_side_is_refused_untouched(
+    llm: DynamicLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _graph(llm)
+    ops_before = len(model.get_ops())
+    monkeypatch.setattr(partition, "_front_seeds", lambda *_args: [])  # the state alone
+    assert split_in_two(model, llm.roles) is None
+    assert len(model.get_ops()) == ops_before
+
+
 def test_a_graph_of_one_layer_is_not_cut(llm: DynamicLLM) -> None:
     model = _graph(llm)
     ops_before = len(model.get_ops())
@@ -88,16 +159,27 @@ def test_a_graph_of_one_layer_is_not_cut(llm: DynamicLLM) -> None:
     assert len(model.get_ops()) == ops_before  # untouched
 
 
-def test_the_halved_graph_looks_like_the_whole_one(llm: DynamicLLM) -> None:
+# CPU's default stacks every present in one output; without it each layer's K/V is an
+# output of its own, and the front's last K/V is also handed to the back.
+OUTPUTS = {
+    "merged-presents": RewriteSet.for_device("CPU"),
+    "separate-presents": RewriteSet.parse("split-attention+last-position-logits+live-tokens-state"),
+}
+
+
+@pytest.mark.parametrize("outputs", sorted(OUTPUTS))
+def test_the_halved_graph_looks_like_the_whole_one(llm: DynamicLLM, outputs: str) -> None:
     """Inputs and outputs by the whole graph's names (the handoff stays inside), one
     request running both halves, and a clear error for a name neither half has."""
     core = ov.Core()
-    whole = core.compile_model(_graph(llm), "CPU", dict(EXACT_CPU_PROPERTIES))
-    halves = split_in_two(_graph(llm), llm.roles)
+    rewrites = OUTPUTS[outputs]
+    whole = core.compile_model(_graph(llm, rewrites), "CPU", dict(EXACT_CPU_PROPERTIES))
+    halves = split_in_two(_graph(llm, rewrites), llm.roles)
     assert halves is not None
     halved = compile_halves(core, halves, "CPU", EXACT_CPU_PROPERTIES)
     assert {p.get_any_name() for p in halved.inputs} == {p.get_any_name() for p in whole.inputs}
-    assert {p.get_any_name() for p in halved.outputs} == {p.get_any_name() for p in whole.outputs}
+    names = [sorted(p.names) for p in halved.outputs]
+    assert sorted(names) == sorted(sorted(p.names) for p in whole.outputs)
     requests = (whole.create_infer_request(), halved.create_infer_request())
     ids = np.array([[5, 9, 11]], dtype=np.int64)
     for request in requests:

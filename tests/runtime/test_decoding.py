@@ -263,8 +263,8 @@ def test_the_prompts_graph_compiles_in_two_halves_and_decodes_the_same_tokens(
     prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
     expected = _stateful(qwen2_dir).greedy(prompt, 60)
     for halves in (True, False):
-        with _cpu_ladder(qwen2_dir, store, halve_first_graph=halves) as loader:
-            assert loader.halve_first_graph is halves
+        with _cpu_ladder(qwen2_dir, store, halve_prompt_graph=halves) as loader:
+            assert loader.halve_prompt_graph is halves
             result = decode(loader, prompt, max_new_tokens=60, release_passed_rungs=False)
             first = loader.program(Specialization.prefill(32, 8))
             later = loader.program(Specialization.decode(64))
@@ -280,8 +280,8 @@ def test_the_prompts_graph_compiles_in_two_halves_and_decodes_the_same_tokens(
 def test_halving_is_refused_where_it_cannot_apply(
     qwen2_dir: Path, store: Store, options: dict[str, str]
 ) -> None:
-    with pytest.raises(BadRequestError, match="halve_first_graph"):
-        _cpu_ladder(qwen2_dir, store, halve_first_graph=True, **options)
+    with pytest.raises(BadRequestError, match="halve_prompt_graph"):
+        _cpu_ladder(qwen2_dir, store, halve_prompt_graph=True, **options)
 
 
 @pytest.mark.parametrize(
@@ -303,4 +303,4 @@ def test_halving_is_the_default_for_a_lazy_cpu_start_on_two_cores(
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: cores)
     with _cpu_ladder(qwen2_dir, store, **options) as loader:
-        assert loader.halve_first_graph is expected
+        assert loader.halve_prompt_graph is expected

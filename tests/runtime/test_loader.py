@@ -10,7 +10,7 @@ import pytest
 
 from ovspec.compile.compiler import BuildOutcome, Program
 from ovspec.errors import CompileError
-from ovspec.ir.specialize import Specialization
+from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.loader import EventKind, Loader, Policy, WindowPlan
 
@@ -177,21 +177,32 @@ def test_concurrent_foreground_gets_share_one_load() -> None:
         assert fake.loaded == ["decode@128"]
 
 
+class SharingFakeCompiler(FakeCompiler):
+    """As COMPILE mode on CPU: the prompt's rung decodes on its prefill graph."""
+
+    def graph_spec(self, spec: Specialization) -> Specialization:
+        if spec.phase is Phase.DECODE and spec.capacity_tokens == 32:
+            return Specialization.prefill(32, 16)
+        return spec
+
+
+@pytest.mark.parametrize("sharing", [True, False])
 @pytest.mark.parametrize("policy", [Policy.ONE_AHEAD, Policy.ON_DEMAND])
-def test_only_the_graph_the_prompt_waits_for_is_halved(policy: Policy) -> None:
-    """Halving pays off only while nothing else runs: the prompt's graph at a lazy start.
-    The first decode graph and successors load beside a prompt or a decode, whole."""
-    fake = FakeCompiler()
+def test_only_the_graph_the_prompt_waits_for_is_halved(policy: Policy, sharing: bool) -> None:
+    """Halving pays off only while nothing else loads: the prompt's graph at a lazy
+    start when it also decodes the rung. Beside the first decode graph's load on the
+    worker, or for successors loading beside a decode, graphs compile whole."""
+    fake = SharingFakeCompiler() if sharing else FakeCompiler()
     with Loader(
         fake,  # type: ignore[arg-type]
         LADDER,
         policy,
         prefill_chunk_tokens=16,
         warm_up=False,
-        halve_first_graph=True,
+        halve_prompt_graph=True,
     ) as loader:
         loader.start(32)
         loader.get(32)
         loader.get(64)
-    assert fake.halved == ["prefill@32x16"]
+    assert fake.halved == (["prefill@32x16"] if sharing else [])
     assert {"decode@32", "decode@64"} <= set(fake.loaded)
