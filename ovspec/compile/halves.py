@@ -7,8 +7,8 @@ a caller it is a compiled model: inputs and outputs by name, requests, state.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeAlias
 
 import openvino as ov
@@ -111,26 +111,12 @@ def compile_halves(
 ) -> HalvedCompiledModel:
     """Both halves compiled at once: the back on a thread of its own, the front on the
     caller's (OpenVINO releases the GIL while it compiles). Raises the first failure."""
-    back: list[ov.CompiledModel] = []
-    failed: list[BaseException] = []
-
-    def compile_back() -> None:
-        try:
-            back.append(core.compile_model(halves.back, device, dict(properties)))
-        except BaseException as exc:  # re-raised on the caller's thread
-            failed.append(exc)
-
     # The halves share constants and input nodes: safe to compile at once, as the CPU
     # plugin clones a model before it transforms it (plugin.cpp, read) and only reads it.
-    thread = threading.Thread(target=compile_back, name="ovspec-back-half", daemon=True)
-    thread.start()
-    try:
+    with ThreadPoolExecutor(1, thread_name_prefix="ovspec-back-half") as pool:
+        back = pool.submit(core.compile_model, halves.back, device, dict(properties))
         front = core.compile_model(halves.front, device, dict(properties))
-    finally:
-        thread.join()
-    if failed:
-        raise failed[0]
-    return HalvedCompiledModel(front, back[0], halves.handoff)
+        return HalvedCompiledModel(front, back.result(), halves.handoff)
 
 
 def _port(ports: list[Any], name: str) -> Any:

@@ -31,8 +31,10 @@ _POLL_S = 0.5
 
 
 def usable_cores() -> tuple[int, ...]:
-    """The cores this process may run on (its affinity), in order."""
-    return tuple(sorted(os.sched_getaffinity(0)))
+    """The cores this process may run on (its affinity where the OS keeps one), in order."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
