@@ -5,7 +5,7 @@ memory (at its compile, and the rest at its first inference) and does not read t
 mapping again: on the 0.5B preset no page of it came back in 20 decode steps. The pages
 the packing touched stay mapped, ~1 GiB of RSS that nothing reads. ``WeightPageTrimmer``
 drops them (``MADV_DONTNEED`` on a read-only file mapping: a later read faults the page
-back in from the page cache) whenever the file-backed RSS has grown since its last drop.
+back in from the page cache) whenever a step's worth of them is mapped in again.
 Before that, ``WeightPrefault`` maps the file's pages in on a spare core while the first
 graph compiles, so that its packing does not take the page faults on the critical path.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,9 +129,16 @@ class WeightPageTrimmer(threading.Thread):
     """Drops the pages of the mapping of ``weights_path`` that holds ``anchor()`` (the
     address of one weight the caller keeps alive until ``stop``: so that mapping cannot
     be unmapped, nor its address reused, while this thread advises it) every time
-    ``RssFile`` has grown by ``step_mib`` since its lowest reading after the last drop
-    (polled every ``poll_s``: a read of ``/proc/self/status``, ~0.1 ms). The mapping must
-    be read-only: dropping a written private page would lose the write.
+    ``step_mib`` of them are mapped in again. The mapping must be read-only: dropping a
+    written private page would lose the write.
+
+    It counts the mapping's own pages (``vmem.present_bytes``, from the page table)
+    whenever the process's ``RssFile`` moved since the last poll (every ``poll_s``: a read
+    of ``/proc/self/status``, ~0.1 ms), and every ``check_s`` regardless: ``RssFile`` is
+    the whole process's, and another mapping going away (another loader's, or a freed
+    model's) can cancel this one's growth out exactly. Where pagemap is unreadable it
+    falls back to ``RssFile`` growing by ``step_mib`` over its lowest reading since the
+    last drop.
 
     While a graph packs its weights the file pages come and go ``step_mib`` at a time;
     while it decodes nothing grows and nothing is dropped. Only this loader's mapping is
@@ -143,15 +151,21 @@ class WeightPageTrimmer(threading.Thread):
         anchor: Callable[[], int | None],
         poll_s: float = 0.05,
         step_mib: float = MAX_STEP_MIB,
+        check_s: float = 1.0,
     ) -> None:
         super().__init__(name="ovspec-weight-pages", daemon=True)
         self.weights_path = os.path.realpath(weights_path)
         self.anchor = anchor
         self.poll_s = poll_s
         self.step_mib = step_mib
+        self.check_s = check_s
         self.drops = 0
         self._done = threading.Event()
         self._baseline_mib = file_rss_mib()
+        self._last_mib = self._baseline_mib
+        self._checked_s = time.monotonic()
+        self._advised: MappedRange | None = None  # the mapping of the last drop
+        self._pagemap = True  # False once pagemap proved unreadable: RssFile alone
 
     @classmethod
     def for_weights(cls, weights_path: Path, anchor: Callable[[], int | None]) -> WeightPageTrimmer:
@@ -174,6 +188,7 @@ class WeightPageTrimmer(threading.Thread):
         if found is None:
             return 0
         vmem.advise(found.address, found.size_bytes, MADV_DONTNEED)
+        self._advised = found
         self.drops += 1
         return found.size_bytes
 
@@ -184,10 +199,24 @@ class WeightPageTrimmer(threading.Thread):
         if self._done.is_set() or not self._drop_or_stop():
             return
         while not self._done.wait(self.poll_s):
-            now_mib = file_rss_mib()
-            self._baseline_mib = min(self._baseline_mib, now_mib)
-            if now_mib >= self._baseline_mib + self.step_mib and not self._drop_or_stop():
+            if self._grown() and not self._drop_or_stop():
                 return
+
+    def _grown(self) -> bool:
+        """Whether a step's worth of the mapping is back (see the class docstring)."""
+        now_mib = file_rss_mib()
+        moved, self._last_mib = now_mib != self._last_mib, now_mib
+        self._baseline_mib = min(self._baseline_mib, now_mib)
+        advised = self._advised
+        if self._pagemap and advised is not None:
+            if not moved and time.monotonic() - self._checked_s < self.check_s:
+                return False
+            self._checked_s = time.monotonic()
+            present = vmem.present_bytes(advised.address, advised.size_bytes)
+            if present is not None:
+                return present >= self.step_mib * 2**20
+            self._pagemap = False
+        return now_mib >= self._baseline_mib + self.step_mib
 
     def _drop_or_stop(self) -> bool:
         try:

@@ -8,6 +8,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 from ovspec.errors import MappingError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.specialize import prefill_specialization
-from ovspec.runtime import vmem
+from ovspec.runtime import residency, vmem
 from ovspec.runtime.decoding import decode
 from ovspec.runtime.decoding import open as open_loader
 from ovspec.runtime.loader import Loader
@@ -244,3 +245,54 @@ def test_the_trimmer_waits_out_the_start_and_begins_at_the_first_decode(
         loader.start(64)  # eager packs every rung before the prompt: dropping from then
         assert _trimming()
     assert not _trimming()
+
+
+@needs_madvise
+def test_the_trimmer_sees_its_own_pages_come_back_when_rss_file_does_not_grow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another mapping going away (another loader's, a freed model's) can cancel this
+    # mapping's growth out in the process-wide RssFile: a flat RssFile stands for it.
+    path, weights, address = _weights_file(tmp_path)
+    monkeypatch.setattr(residency, "file_rss_mib", lambda: 100.0)
+    trimmer = WeightPageTrimmer.for_weights(path, lambda: address)
+    trimmer.poll_s, trimmer.check_s = 0.01, 0.05
+    trimmer.start()
+    try:
+        _wait_until(lambda: trimmer.drops == 1)
+        assert int(weights.sum()) > 0  # the pages come back, RssFile stays flat
+        assert _resident_bytes_at(address) == 1 << 20
+        _wait_until(lambda: trimmer.drops == 2 and _resident_bytes_at(address) == 0)
+    finally:
+        trimmer.stop()
+    assert trimmer.drops == 2 and _resident_bytes_at(address) == 0
+
+
+@needs_madvise
+def test_without_pagemap_the_trimmer_drops_on_rss_file_growth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, weights, address = _weights_file(tmp_path)
+    rss = [100.0]
+    monkeypatch.setattr(residency, "file_rss_mib", lambda: rss[0])
+    monkeypatch.setattr(vmem, "present_bytes", lambda addr, size: None)
+    trimmer = WeightPageTrimmer.for_weights(path, lambda: address)
+    trimmer.poll_s, trimmer.check_s = 0.01, 0.01
+    trimmer.start()
+    try:
+        _wait_until(lambda: trimmer.drops == 1)
+        assert int(weights.sum()) > 0
+        time.sleep(0.1)  # polls with a flat RssFile: no drop
+        assert trimmer.drops == 1 and _resident_bytes_at(address) == 1 << 20
+        rss[0] += trimmer.step_mib
+        _wait_until(lambda: trimmer.drops == 2)
+    finally:
+        trimmer.stop()
+    assert _resident_bytes_at(address) == 0
+
+
+def _wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)

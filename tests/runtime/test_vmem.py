@@ -154,3 +154,43 @@ def test_page_moves_keep_the_gil() -> None:
     # 13.6 ms instead of 1 with a busy thread beside them (measured).
     mremap = vmem._kernel().libc._mremap
     assert mremap._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
+
+
+def _read_only_file(tmp_path: object, size: int) -> np.memmap:
+    path = os.path.join(str(tmp_path), "pages.bin")
+    with open(path, "wb") as f:
+        f.truncate(size)  # sparse: reads map page-cache pages of zeros
+    return np.memmap(path, dtype=np.uint8, mode="r")
+
+
+def _touch(view: np.ndarray) -> None:
+    int(view[::PAGE].sum())  # one read per page maps each in
+
+
+def test_present_bytes_counts_a_small_file_mapping_exactly(tmp_path: object) -> None:
+    pages = 64
+    mapping = _read_only_file(tmp_path, pages * PAGE)
+    addr = int(mapping.ctypes.data)
+    vmem.advise(addr, pages * PAGE, 4)  # MADV_DONTNEED: nothing mapped in
+    assert vmem.present_bytes(addr, pages * PAGE) == 0
+    _touch(mapping[: 5 * PAGE])  # a file fault maps its neighbours in too (fault-around)
+    some = vmem.present_bytes(addr, pages * PAGE)
+    assert some == vmem.smaps_rss_bytes([(addr, pages * PAGE)])
+    assert some is not None and 5 * PAGE <= some < pages * PAGE
+    _touch(mapping)
+    assert vmem.present_bytes(addr, pages * PAGE) == pages * PAGE
+    assert vmem.present_bytes(addr, 0) == 0
+
+
+def test_present_bytes_estimates_a_large_mapping_from_samples(tmp_path: object) -> None:
+    pages = vmem.EXACT_PRESENCE_PAGES * 2
+    size = pages * PAGE
+    mapping = _read_only_file(tmp_path, size)
+    addr = int(mapping.ctypes.data)
+    vmem.advise(addr, size, 4)
+    assert vmem.present_bytes(addr, size) == 0
+    _touch(mapping[: size // 2])
+    half = vmem.present_bytes(addr, size)
+    assert half is not None and abs(half - size // 2) <= size // vmem.PRESENCE_SAMPLES
+    _touch(mapping)
+    assert vmem.present_bytes(addr, size) == size
