@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import openvino as ov
 import pytest
+from hypothesis import settings
 
 from ovspec.compile.halves import compile_halves
 from ovspec.ir.partition import split_in_two
@@ -20,6 +21,12 @@ from ovspec.store.local import Store
 
 if TYPE_CHECKING:
     from ovspec.testing.seaweed import SeaweedServer
+
+# Hypothesis's default 200 ms per example counts time the process spends descheduled: one
+# stall on a loaded CI machine would fail a property that holds. Examples stay bounded by
+# their count, not by the clock.
+settings.register_profile("ovspec", deadline=None)
+settings.load_profile("ovspec")
 
 DATA = Path(__file__).parent / "data"
 FIXTURE_NAMES = ("qwen2", "llama")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ovspec
+from ovspec.bench import speed_arm
 from ovspec.bench.pages import render_saved, write_page
 from ovspec.bench.speed import PAGE, SpeedConfig, _spawn, materialize, run_speed, summarize
 from ovspec.bench.speed_arm import ArmRequest, MemorySampler
@@ -126,20 +127,47 @@ def test_a_tiny_run_renders_its_page(tmp_path: Path) -> None:
     assert render_saved(tmp_path / "pages", PAGE) == text  # the page is its results, rendered
 
 
-def test_memory_sampler_walks_page_tables_only_as_memory_grows() -> None:
+def test_memory_sampler_walks_page_tables_only_as_memory_grows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """PSS (a page-table walk, ~22 ms at 3 GiB) is read when the resident set grew by a
-    step since the last reading, not at every 50 ms sample; the peaks follow growth."""
+    step since the last reading, not at every 50 ms sample; the peaks follow growth.
+    The process's counters are scripted: other threads of the test run move the real
+    ones."""
+    status = {"RssAnon": 500.0, "RssFile": 300.0, "RssShmem": 0.0}
+    pss = [700.0]
+    monkeypatch.setattr(speed_arm, "_status_mib_fields", lambda *fields: dict(status))
+
+    def read_pss(self: MemorySampler) -> None:
+        self.pss_reads += 1
+        self.peak_pss_mib = max(self.peak_pss_mib, pss[0])
+
+    monkeypatch.setattr(MemorySampler, "read_pss", read_pss)
     sampler = MemorySampler()
     sampler.sample()
-    assert sampler.pss_reads == 1
-    before_pss, before_anon = sampler.peak_pss_mib, sampler.peak_anon_mib
+    assert sampler.pss_reads == 1 and sampler.peak_pss_mib == 700.0
+    status["RssAnon"] += sampler.PSS_STEP_MIB / 2  # growth below a step: no walk
     sampler.sample()
-    assert sampler.pss_reads == 1
-    block = np.ones(int(2 * sampler.PSS_STEP_MIB * 2**20) // 8)  # touched: resident
+    assert sampler.pss_reads == 1 and sampler.peak_anon_mib == 500.0 + sampler.PSS_STEP_MIB / 2
+    status["RssAnon"] += sampler.PSS_STEP_MIB  # a step above the last walk
+    pss[0] += 1.5 * sampler.PSS_STEP_MIB
     sampler.sample()
     assert sampler.pss_reads == 2
-    assert sampler.peak_anon_mib >= before_anon + 1.5 * sampler.PSS_STEP_MIB
-    assert sampler.peak_pss_mib >= before_pss + 1.5 * sampler.PSS_STEP_MIB
+    assert sampler.peak_anon_mib == 500.0 + 1.5 * sampler.PSS_STEP_MIB
+    assert sampler.peak_pss_mib == 700.0 + 1.5 * sampler.PSS_STEP_MIB
+    status["RssAnon"] = 100.0  # shrinking lowers no peak, walks nothing
+    sampler.sample()
+    assert sampler.pss_reads == 2 and sampler.peak_anon_mib == 500.0 + 1.5 * sampler.PSS_STEP_MIB
+
+
+def test_memory_sampler_reads_this_process() -> None:
+    sampler = MemorySampler()
+    block = np.ones(int(2 * sampler.PSS_STEP_MIB * 2**20) // 8)  # touched: resident
+    sampler.sample()
+    sampler.stop()  # a last sample and a last walk
+    assert sampler.pss_reads >= 1
+    assert sampler.peak_anon_mib >= 2 * sampler.PSS_STEP_MIB
+    assert sampler.peak_pss_mib >= 2 * sampler.PSS_STEP_MIB
     del block
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,18 @@ LADDER = Ladder((32, 64, 128, 256))
 
 
 class FakeCompiler:
-    """Stands in for ``Compiler``: sleeps ``load_s`` per load, can fail on chosen rungs."""
+    """Stands in for ``Compiler``: sleeps ``load_s`` per load, can fail on chosen rungs,
+    and holds a rung's load until its ``gates`` event is set."""
 
-    def __init__(self, load_s: float = 0.0, fail: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        load_s: float = 0.0,
+        fail: frozenset[int] = frozenset(),
+        gates: dict[int, threading.Event] | None = None,
+    ) -> None:
         self.load_s = load_s
         self.fail = fail
+        self.gates = gates or {}
         self.loaded: list[str] = []
         self.halved: list[str] = []  # loads asked to compile in two halves
         self.threads: set[str] = set()
@@ -36,6 +44,9 @@ class FakeCompiler:
 
     def load(self, spec: Specialization, halves: bool = False) -> Program:
         time.sleep(self.load_s)
+        gate = self.gates.get(spec.capacity_tokens)
+        if gate is not None:
+            assert gate.wait(30.0), f"{spec.label}: its gate never opened"
         with self.lock:
             self.loaded.append(spec.label)
             if halves:
@@ -51,10 +62,17 @@ def loader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("ovspec-loader")]
 
 
-def wait_idle(loader: Loader, spec: Specialization, timeout_s: float = 5.0) -> None:
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Poll ``condition`` (the loader's worker runs at a lower priority: on a loaded
+    machine it may wait its turn for a while)."""
     deadline = time.monotonic() + timeout_s
-    while not loader.ready(spec) and time.monotonic() < deadline:
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)
+
+
+def wait_idle(loader: Loader, spec: Specialization) -> None:
+    wait_until(lambda: loader.ready(spec), f"{spec.label} to be ready")
 
 
 def test_one_ahead_loads_the_first_rung_in_front_and_one_successor_behind() -> None:
@@ -105,14 +123,18 @@ def test_on_demand_never_prefetches() -> None:
 
 
 def test_a_successor_not_ready_in_time_is_waited_for_and_the_wait_recorded() -> None:
-    fake = FakeCompiler(load_s=0.2)
+    gate = threading.Event()
+    fake = FakeCompiler(gates={64: gate})
     with Loader(fake, LADDER, Policy.ONE_AHEAD, warm_up=False) as loader:  # type: ignore[arg-type]
-        loader.start(32)  # 0.2 s in front
-        loader.get(32)  # the first step: decode@64 starts behind
-        loader.get(64)  # at once: the boundary comes before the compile is done
+        loader.start(32)
+        loader.get(32)  # the first step: decode@64 starts behind, held at its gate
+        opener = threading.Timer(0.5, gate.set)  # the main thread waits at get(64) by then
+        opener.start()
+        loader.get(64)  # the boundary comes before the compile is done
+        opener.join()
         waits = [e for e in loader.events if e.kind is EventKind.WAIT]
         assert [w.spec for w in waits] == ["decode@64"]
-        assert 0.05 < waits[0].seconds < 1.0
+        assert 0.1 < waits[0].seconds < 30.0
 
 
 def test_a_failed_successor_surfaces_at_its_boundary() -> None:
@@ -120,8 +142,7 @@ def test_a_failed_successor_surfaces_at_its_boundary() -> None:
     with Loader(fake, LADDER, Policy.ONE_AHEAD, warm_up=False) as loader:  # type: ignore[arg-type]
         loader.start(32)
         loader.get(32)  # the rung-32 graph is fine; 64 fails in the background
-        time.sleep(0.1)
-        assert any(e.kind is EventKind.FAILED for e in loader.events)
+        wait_until(lambda: any(e.kind is EventKind.FAILED for e in loader.events), "the failure")
         with pytest.raises(CompileError, match="decode@64: injected"):
             loader.get(64)
         assert fake.loaded.count("decode@64") == 1  # not compiled a second time
