@@ -106,7 +106,7 @@ def split_in_two(model: ov.Model, roles: ModelRoles) -> GraphHalves | None:
     back_params: list[ov.Node] = []
     for param in model.get_parameters():
         read_in_back = param.get_name() in shared_inputs or (
-            param.get_name() not in front and any(True for _ in param.output(0).get_target_inputs())
+            param.get_name() not in front and bool(param.output(0).get_target_inputs())
         )
         if param.get_name() in front or not read_in_back:
             front_params.append(param)  # an unused input stays an input of the front

@@ -323,9 +323,8 @@ def resident_bytes(spans: Sequence[tuple[int, int]]) -> int | None:
             for addr, size in spans:
                 if size <= 0:
                     continue
-                first = addr // PAGE_BYTES
-                count = round_up_to_pages(addr + size) // PAGE_BYTES - first
-                entries = np.frombuffer(os.pread(f.fileno(), count * 8, first * 8), np.uint64)
+                first, count = _pages(addr, size)
+                entries = _pagemap_entries(f.fileno(), first, count)
                 present = (entries & _PM_PRESENT) != 0
                 exclusive = (entries & _PM_EXCLUSIVE) != 0
                 swapped = (entries & _PM_SWAPPED) != 0
@@ -350,23 +349,30 @@ def present_bytes(addr: int, size_bytes: int) -> int | None:
         return None
     if size_bytes <= 0:
         return 0
-    first = addr // PAGE_BYTES
-    pages = round_up_to_pages(addr + size_bytes) // PAGE_BYTES - first
+    first, pages = _pages(addr, size_bytes)
     try:
         with open("/proc/self/pagemap", "rb", buffering=0) as f:
             if pages <= EXACT_PRESENCE_PAGES:
-                entries = np.frombuffer(os.pread(f.fileno(), pages * 8, first * 8), np.uint64)
+                entries = _pagemap_entries(f.fileno(), first, pages)
                 return int(np.count_nonzero(entries & _PM_PRESENT)) * PAGE_BYTES
-            picks = np.linspace(0, pages - 1, PRESENCE_SAMPLES).astype(np.int64)
+            picks = np.linspace(first, first + pages - 1, PRESENCE_SAMPLES).astype(np.int64)
             found = sum(
-                1
-                for page in picks
-                if np.frombuffer(os.pread(f.fileno(), 8, (first + int(page)) * 8), np.uint64)[0]
-                & _PM_PRESENT
+                1 for page in picks if _pagemap_entries(f.fileno(), int(page), 1)[0] & _PM_PRESENT
             )
     except OSError:
         return None
     return found * size_bytes // PRESENCE_SAMPLES
+
+
+def _pages(addr: int, size_bytes: int) -> tuple[int, int]:
+    """The first page of the span and its number of pages (whole pages it touches)."""
+    first = addr // PAGE_BYTES
+    return first, round_up_to_pages(addr + size_bytes) // PAGE_BYTES - first
+
+
+def _pagemap_entries(fd: int, first_page: int, pages: int) -> np.ndarray:
+    """``pages`` pagemap entries from ``first_page`` on, read from ``fd``."""
+    return np.frombuffer(os.pread(fd, pages * 8, first_page * 8), np.uint64)
 
 
 def smaps_rss_bytes(spans: Sequence[tuple[int, int]]) -> int:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from ovspec.compile.compiler import BuildOutcome, Program
 from ovspec.errors import CompileError
@@ -60,15 +60,6 @@ class FakeCompiler:
 
 def loader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("ovspec-loader")]
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    """Poll ``condition`` (the loader's worker runs at a lower priority: on a loaded
-    machine it may wait its turn for a while)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def wait_idle(loader: Loader, spec: Specialization) -> None:

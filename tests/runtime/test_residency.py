@@ -8,11 +8,11 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from ovspec.errors import MappingError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
@@ -266,12 +266,14 @@ def test_the_trimmer_sees_its_own_pages_come_back_when_rss_file_does_not_grow(
     trimmer.poll_s, trimmer.check_s = 0.01, 3600.0  # no check of its own yet
     trimmer.start()
     try:
-        _wait_until(lambda: trimmer.drops == 1)
+        wait_until(lambda: trimmer.drops == 1, "the first drop", 5.0)
         assert int(weights.sum()) > 0  # the pages come back, RssFile stays flat
         time.sleep(0.1)  # polls with RssFile flat: nothing prompts a count
         assert trimmer.drops == 1 and _resident_bytes_at(address) == 1 << 20
         trimmer.check_s = 0.05  # now its periodic count is due
-        _wait_until(lambda: trimmer.drops == 2 and _resident_bytes_at(address) == 0)
+        wait_until(
+            lambda: trimmer.drops == 2 and _resident_bytes_at(address) == 0, "the second drop", 5.0
+        )
     finally:
         trimmer.stop()
     assert trimmer.drops == 2 and _resident_bytes_at(address) == 0
@@ -289,19 +291,12 @@ def test_without_pagemap_the_trimmer_drops_on_rss_file_growth(
     trimmer.poll_s, trimmer.check_s = 0.01, 0.01
     trimmer.start()
     try:
-        _wait_until(lambda: trimmer.drops == 1)
+        wait_until(lambda: trimmer.drops == 1, "the first drop", 5.0)
         assert int(weights.sum()) > 0
         time.sleep(0.1)  # polls with a flat RssFile: no drop
         assert trimmer.drops == 1 and _resident_bytes_at(address) == 1 << 20
         rss[0] += trimmer.step_mib
-        _wait_until(lambda: trimmer.drops == 2)
+        wait_until(lambda: trimmer.drops == 2, "the second drop", 5.0)
     finally:
         trimmer.stop()
     assert _resident_bytes_at(address) == 0
-
-
-def _wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from ovspec.errors import StoreError
 from ovspec.store.keys import COMPONENT_NAMES, BlobKey
@@ -331,18 +332,11 @@ def spawn(store: Store, seed: str, mode: str, scratch: Path) -> subprocess.Popen
     )
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "worker did not get there in time"
-        time.sleep(0.01)
-
-
 def test_two_processes_produce_once(store: Store, tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     procs = [spawn(store, "race", "race", scratch) for _ in range(2)]
-    wait_for(lambda: len(list(scratch.glob("started-*"))) == 2)
+    wait_until(lambda: len(list(scratch.glob("started-*"))) == 2, "both workers", 20.0)
     (scratch / "go").touch()
     results = []
     for p in procs:
@@ -360,7 +354,7 @@ def test_process_killed_mid_write_leaves_no_entry(store: Store, tmp_path: Path) 
     scratch.mkdir()
     key = make_key("killed")
     proc = spawn(store, "killed", "hang", scratch)
-    wait_for((scratch / "writing").exists)
+    wait_until((scratch / "writing").exists, "the writer", 20.0)
     # The half-written temp exists while the producer lives; check() leaves it alone.
     assert len(temps(store)) == 1
     assert store.check() == []
