@@ -299,6 +299,18 @@ def loader_properties(device: str, properties: Mapping[str, str]) -> dict[str, s
     return props
 
 
+def passed_rungs_released(policy: Policy, asked: bool | None) -> bool:
+    """Whether a sequence drops the graphs of the rungs it has left.
+
+    An eager loader keeps them unless asked: it built every rung up front, so its peak
+    memory already holds them all, and the next sequence needs the small rungs again.
+    Dropping one is not free either: the compiled model's destructor frees its packed
+    weights (~1 GB for the 0.5B preset) holding the GIL, which stalled the decode step
+    0.10-0.12 s, from a background thread as much as from the decode's own (s25).
+    """
+    return policy is not Policy.EAGER if asked is None else asked
+
+
 def check_prompt_ids(
     prompt_ids: Sequence[int],
     vocab_tokens: int | None,
@@ -363,7 +375,7 @@ def decode(
     stop_ids: frozenset[int] = frozenset(),
     keep_logits: Callable[[int, int], bool] | None = None,
     on_token: Callable[[int], object] | None = None,
-    release_passed_rungs: bool = True,
+    release_passed_rungs: bool | None = None,
     choose: Callable[[np.ndarray], int] | None = None,
     prefault_lead_tokens: int | None = None,
     measure_physical: bool = False,
@@ -376,7 +388,10 @@ def decode(
     (default ``argmax``: greedy; see ``runtime.sampling``). With
     ``release_passed_rungs`` the loader drops the graphs of rungs the sequence has left
     (and the prefill graph once the prompt is in): a rung's compiled model holds its
-    own copy of the weights. Keep them when the loader serves more sequences.
+    own copy of the weights. Keep them when the loader serves more sequences. None (the
+    default) lets the policy decide: an eager loader built every rung to have them all
+    and keeps them (a release also stalls the decode ~0.1 s on a 0.5B model, under the
+    GIL: see ``passed_rungs_released``); lazy policies release.
 
     ``kv_layout`` None takes the loader's, else the default: remap where it works,
     copy-and-grow elsewhere (``kv_note`` says why). ``prefault_lead_tokens`` makes
@@ -410,8 +425,9 @@ def decode(
     kv = make_kv(choice.layout, roles, first, ladder.top_tokens, prefault, ladder)
     trace = KVTrace(kv, origin, measure_physical)
     chunk = loader.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
+    release = passed_rungs_released(loader.policy, release_passed_rungs)
     session = DecodeSession(
-        roles, ladder, kv, loader, chunk, origin_s=origin, release_passed=release_passed_rungs
+        roles, ladder, kv, loader, chunk, origin_s=origin, release_passed=release
     )
     kept: dict[int, np.ndarray] = {}
     try:

@@ -48,7 +48,7 @@ def generate(
     codec: TextCodec | None = None,
     streamer: Streamer | None = None,
     kv_layout: KVLayout | None = None,
-    release_passed_rungs: bool = True,
+    release_passed_rungs: bool | None = None,
 ) -> Generation:
     """Generate from ``prompt_ids`` through the loader's ladder under ``config``.
 

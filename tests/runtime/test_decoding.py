@@ -114,7 +114,7 @@ def test_cpu_pinning_is_off_unless_asked() -> None:
 
 def test_a_sequence_releases_the_rungs_it_has_left(qwen2_dir: Path, store: Store) -> None:
     with _cpu_ladder(qwen2_dir, store, policy="eager") as loader:
-        result = decode(loader, list(range(5, 21)), max_new_tokens=40)
+        result = decode(loader, list(range(5, 21)), max_new_tokens=40, release_passed_rungs=True)
         released = [e.spec for e in result.events if e.kind is EventKind.RELEASED]
         assert released == ["prefill@32x8", "decode@32"]
         assert loader.program(Specialization.decode(32)) is None
@@ -122,6 +122,25 @@ def test_a_sequence_releases_the_rungs_it_has_left(qwen2_dir: Path, store: Store
         kept = decode(loader, list(range(5, 21)), max_new_tokens=40, release_passed_rungs=False)
         assert kept.token_ids == result.token_ids  # re-imported from the store
         assert loader.program(Specialization.decode(32)) is not None
+
+
+@pytest.mark.parametrize(("policy", "releases"), [("eager", False), ("one_ahead", True)])
+def test_the_policy_decides_whether_passed_rungs_go(
+    qwen2_dir: Path, store: Store, policy: str, releases: bool
+) -> None:
+    """By default an eager loader keeps every rung it built (the next sequence needs them
+    and a release stalls the decode); a lazy one drops what the sequence has left."""
+    with _cpu_ladder(qwen2_dir, store, policy=policy) as loader:
+        result = decode(loader, list(range(5, 21)), max_new_tokens=40)
+        assert result.rungs == (32, 64)
+        released = [e.spec for e in result.events if e.kind is EventKind.RELEASED]
+        assert ("decode@32" in released) is releases
+        assert (loader.program(Specialization.decode(32)) is None) is releases
+        again = decode(loader, list(range(5, 21)), max_new_tokens=40)
+        assert again.token_ids == result.token_ids
+        since = again.events[len(result.events) :]  # a loader's events accumulate
+        rebuilt = [e.spec for e in since if e.kind is EventKind.COMPILED and e.seconds > 0]
+        assert bool(rebuilt) is releases
 
 
 def test_a_warm_start_never_reads_the_ir(
