@@ -3,13 +3,16 @@ stateful model at the same live length, and the measured floors.
 
 Owns ``profile_rung``: per-op-type time from OpenVINO's ``PERF_COUNT`` for one decode
 step of a rung (the graph ``ovspec.open`` would run: the device's rewrites) and of the
-original stateful IR holding the same live tokens, each the median of a few steps, plus
-two measured floors: the stateful model's whole step, and a weights-only read (every
-thread summing the ``.bin`` as it sits in memory).
+original stateful IR holding the same live tokens, each the median of a few steps, in
+both compile orders (of two graphs compiled in one process the earlier one steps slower
+on some machines), plus two measured floors: the stateful model's whole step, and a
+weights-only read (every thread summing the ``.bin`` as it sits in memory).
 """
 
 from __future__ import annotations
 
+import gc
+import math
 import os
 import statistics
 import time
@@ -18,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import openvino as ov
@@ -31,6 +34,8 @@ from ovspec.ir.rewrites import GraphRewrite, RewriteSet
 from ovspec.ir.specialize import Specialization, prepare, read_ir, serving_spec
 
 DEFAULT_PROFILE_STEPS = 8
+CompileOrder = Literal["both", "rung-first", "stateful-first"]
+COMPILE_ORDERS: tuple[CompileOrder, ...] = ("both", "rung-first", "stateful-first")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,9 @@ class RungProfile:
     weights_read_ms: float  # every thread summing the .bin's bytes, already in memory
     kv_bytes: int  # the rung's live KV at this length
     graph: str = ""  # the specialization whose graph stepped: decode@C, or prefill@CxP
+    # rung step / stateful step with each graph compiled first ("rung-first",
+    # "stateful-first"): the steps above combine the orders profiled (geometric mean)
+    order_ratios: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0 <= self.live_tokens < self.capacity_tokens:
@@ -83,6 +91,7 @@ class RungProfile:
             "graph": self.graph,
             "rung": step(self.rung),
             "stateful": step(self.stateful),
+            "order_ratios": self.order_ratios,
             "floor": {
                 "stateful_step_ms": None if self.stateful is None else self.stateful.step_ms,
                 "weights_read_ms": self.weights_read_ms,
@@ -140,6 +149,15 @@ def interleaved(steppers: Sequence[Stepper], steps: int) -> list[StepProfile]:
     return [
         StepProfile(statistics.median(w), _medians(t)) for w, t in zip(walls, samples, strict=True)
     ]
+
+
+def combined(profiles: Sequence[StepProfile]) -> StepProfile:
+    """One graph profiled in several compile orders: the geometric mean of the steps, the
+    mean of each op type's time (a type missing from one order counts 0 there)."""
+    types = {t for profile in profiles for t in profile.by_type_ms}
+    by_type = {t: statistics.fmean(p.by_type_ms.get(t, 0.0) for p in profiles) for t in types}
+    step = math.exp(statistics.fmean(math.log(p.step_ms) for p in profiles))
+    return StepProfile(step, dict(sorted(by_type.items(), key=lambda kv: -kv[1])))
 
 
 def _rung_step(
@@ -277,14 +295,24 @@ def profile_rung(
     steps: int = DEFAULT_PROFILE_STEPS,
     chunk_tokens: int | None = None,
     prompt_rung: bool = False,
+    compile_order: CompileOrder = "both",
 ) -> RungProfile:
     """Profile decode@``capacity_tokens`` holding ``live_tokens`` (default: capacity - 1)
     next to the stateful IR holding as many, with ``PERF_COUNT`` on for both. With
     ``prompt_rung``, ``chunk_tokens`` and the live-tokens rewrite the step runs on the
     rung's prefill graph (1..P tokens), as ``ovspec.open`` on CPU runs the prompt's rung;
-    otherwise on the rung's own decode graph, as every later rung runs."""
+    otherwise on the rung's own decode graph, as every later rung runs.
+
+    ``compile_order`` "both" profiles the pair twice in this process, the rung compiled
+    first, then (after both are freed) the stateful model first, and combines the two:
+    on the s24-s25 machine the graph compiled first stepped 4-6% slower whichever it was
+    (ratio 0.95-0.98 rung first, 0.91-0.92 stateful first, DESIGN.md §10.15)."""
     if steps < 1:
         raise BadRequestError(f"{arg('steps', str(steps))} must be at least 1")
+    if compile_order not in COMPILE_ORDERS:
+        raise BadRequestError(
+            f"{arg('compile_order', str(compile_order))} must be one of {', '.join(COMPILE_ORDERS)}"
+        )
     live = capacity_tokens - 1 if live_tokens is None else live_tokens
     if not 0 <= live < capacity_tokens:
         raise BadRequestError(
@@ -297,10 +325,31 @@ def profile_rung(
     one_graph = chunk_tokens if GraphRewrite.LIVE_STATE in rewrite_set else None
     decode = Specialization.decode(capacity_tokens)
     spec = serving_spec(decode, one_graph, capacity_tokens if prompt_rung else None)
-    rung_stepper, kv_bytes = _rung_step(core, model_dir, spec, live, device, props, rewrite_set)
-    peer = StatefulPeer(model_dir, device, props, core).stepper(live)
-    profiles = interleaved([rung_stepper] if peer is None else [rung_stepper, peer], steps)
-    rung, stateful = profiles[0], (profiles[1] if peer is not None else None)
+
+    def pair(rung_first: bool) -> tuple[StepProfile, StepProfile | None, int]:
+        def rung() -> tuple[Stepper, int]:
+            return _rung_step(core, model_dir, spec, live, device, props, rewrite_set)
+
+        if rung_first:
+            rung_stepper, kv_bytes = rung()
+            peer = StatefulPeer(model_dir, device, props, core).stepper(live)
+        else:
+            peer = StatefulPeer(model_dir, device, props, core).stepper(live)
+            rung_stepper, kv_bytes = rung()
+        profiles = interleaved([rung_stepper] if peer is None else [rung_stepper, peer], steps)
+        return profiles[0], (profiles[1] if peer is not None else None), kv_bytes
+
+    orders = {"rung-first": True, "stateful-first": False}
+    runs: dict[str, tuple[StepProfile, StepProfile | None, int]] = {}
+    for name, rung_first in orders.items():
+        if compile_order in ("both", name):
+            runs[name] = pair(rung_first)
+            gc.collect()  # both graphs are gone before the next order compiles its own
+    rung = combined([r for r, _, _ in runs.values()])
+    peers = [p for _, p, _ in runs.values() if p is not None]
+    stateful = combined(peers) if peers else None
+    ratios = {name: r.step_ms / p.step_ms for name, (r, p, _) in runs.items() if p is not None}
+    kv_bytes = next(iter(runs.values()))[2]
     size, read_ms = weights_read_ms(model_dir.bin_path)
     return RungProfile(
         model=str(model_dir.root),
@@ -315,4 +364,5 @@ def profile_rung(
         weights_read_ms=read_ms,
         kv_bytes=kv_bytes,
         graph=spec.label,
+        order_ratios=ratios,
     )

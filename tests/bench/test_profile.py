@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import openvino as ov
+import pytest
 from click.testing import CliRunner
 
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
-from ovspec.bench.profile import profile_rung, stateful_floor_ms
+from ovspec.bench.profile import StepProfile, combined, profile_rung, stateful_floor_ms
 from ovspec.cli import cli
+from ovspec.errors import BadRequestError
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import RewriteSet
@@ -27,6 +31,48 @@ def test_profile_names_the_op_types_of_both_graphs(qwen2_dir: Path) -> None:
     assert report.weights_bytes == qwen2_dir.joinpath("openvino_model.bin").stat().st_size
     assert report.rung.step_ms > 0 and report.weights_read_ms > 0
     assert report.kv_bytes == 31 * 2 * 2 * 2 * 16 * 4  # live tokens x layers x K,V x heads x dims
+    # Both compile orders by default, each reported as the rung's step over the peer's.
+    assert sorted(report.order_ratios) == ["rung-first", "stateful-first"]
+    assert all(ratio > 0 for ratio in report.order_ratios.values())
+
+
+def test_both_orders_compile_each_graph_first_once(
+    qwen2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiled: list[str] = []
+    compile_model = ov.Core.compile_model
+
+    def recording(self: ov.Core, model: ov.Model, *args: Any, **kwargs: Any) -> Any:
+        compiled.append("stateful" if model.is_dynamic() else "rung")  # the rung is static
+        return compile_model(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(ov.Core, "compile_model", recording)
+    profile_rung(ModelDir.open(qwen2_dir), 32, steps=1, properties=EXACT_CPU_PROPERTIES)
+    assert compiled == ["rung", "stateful", "stateful", "rung"]
+
+
+def test_one_compile_order_on_request(qwen2_dir: Path) -> None:
+    model = ModelDir.open(qwen2_dir)
+    report = profile_rung(
+        model, 32, steps=1, properties=EXACT_CPU_PROPERTIES, compile_order="stateful-first"
+    )
+    assert list(report.order_ratios) == ["stateful-first"]
+    assert report.stateful is not None
+    ratio = report.rung.step_ms / report.stateful.step_ms
+    assert report.order_ratios["stateful-first"] == pytest.approx(ratio)
+    with pytest.raises(BadRequestError, match="compile_order"):
+        profile_rung(model, 32, steps=1, compile_order="sideways")  # type: ignore[arg-type]
+
+
+def test_compile_orders_combine_by_geometric_mean() -> None:
+    first = StepProfile(40.0, {"FullyConnected": 30.0, "Subgraph": 2.0})
+    second = StepProfile(10.0, {"FullyConnected": 8.0, "MatMul": 1.0})
+    both = combined([first, second])
+    assert both.step_ms == pytest.approx(20.0)  # sqrt(40 x 10), not the mean 25
+    assert both.by_type_ms == pytest.approx(
+        {"FullyConnected": 19.0, "Subgraph": 1.0, "MatMul": 0.5}
+    )
+    assert list(both.by_type_ms) == ["FullyConnected", "Subgraph", "MatMul"]  # largest first
 
 
 def test_stateful_floor_per_live_length(qwen2_dir: Path) -> None:
@@ -42,5 +88,8 @@ def test_profile_command(qwen2_dir: Path, tmp_path: Path) -> None:
     assert doc["capacity_tokens"] == 32 and doc["floor"]["stateful_step_ms"] > 0
     text = CliRunner().invoke(cli, args)
     assert text.exit_code == 0 and "FullyConnected" in text.stdout and "floor:" in text.stdout
+    assert "both compile orders" in text.stdout and "rung-first" in text.stdout
+    one = CliRunner().invoke(cli, [*args, "--compile-order", "rung-first", "--json"])
+    assert one.exit_code == 0 and list(json.loads(one.stdout)["order_ratios"]) == ["rung-first"]
     bad = CliRunner().invoke(cli, [*args, "--live", "32"])
     assert bad.exit_code == 2 and "below the rung 32" in bad.output
