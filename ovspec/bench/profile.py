@@ -345,6 +345,8 @@ def profile_rung(
         if compile_order in ("both", name):
             runs[name] = pair(rung_first)
             gc.collect()  # both graphs are gone before the next order compiles its own
+            if runs[name][1] is None:
+                break  # a stateless IR: no peer to compile first
     rung = combined([r for r, _, _ in runs.values()])
     peers = [p for _, p, _ in runs.values() if p is not None]
     stateful = combined(peers) if peers else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from ovspec.errors import BadRequestError
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import RewriteSet
+from ovspec.ir.specialize import to_stateless
 
 
 def test_profile_names_the_op_types_of_both_graphs(qwen2_dir: Path) -> None:
@@ -36,19 +38,37 @@ def test_profile_names_the_op_types_of_both_graphs(qwen2_dir: Path) -> None:
     assert all(ratio > 0 for ratio in report.order_ratios.values())
 
 
-def test_both_orders_compile_each_graph_first_once(
-    qwen2_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    compiled: list[str] = []
+@pytest.fixture
+def compiled(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What each ``compile_model`` call compiled, in order: "rung" (a static graph) or
+    "stateful" (the dynamic IR)."""
+    kinds: list[str] = []
     compile_model = ov.Core.compile_model
 
     def recording(self: ov.Core, model: ov.Model, *args: Any, **kwargs: Any) -> Any:
-        compiled.append("stateful" if model.is_dynamic() else "rung")  # the rung is static
+        kinds.append("stateful" if model.is_dynamic() else "rung")
         return compile_model(self, model, *args, **kwargs)
 
     monkeypatch.setattr(ov.Core, "compile_model", recording)
+    return kinds
+
+
+def test_both_orders_compile_each_graph_first_once(qwen2_dir: Path, compiled: list[str]) -> None:
     profile_rung(ModelDir.open(qwen2_dir), 32, steps=1, properties=EXACT_CPU_PROPERTIES)
     assert compiled == ["rung", "stateful", "stateful", "rung"]
+
+
+def test_a_stateless_ir_compiles_its_rung_once(
+    qwen2_dir: Path, tmp_path: Path, compiled: list[str]
+) -> None:
+    folder = tmp_path / "stateless"
+    shutil.copytree(qwen2_dir, folder)
+    model = ov.Core().read_model(qwen2_dir / "openvino_model.xml")
+    to_stateless(model)
+    ov.save_model(model, folder / "openvino_model.xml", compress_to_fp16=False)
+    report = profile_rung(ModelDir.open(folder), 32, steps=1, properties=EXACT_CPU_PROPERTIES)
+    assert report.stateful is None and report.order_ratios == {}
+    assert compiled == ["rung"]  # no peer to order against: one pass
 
 
 def test_one_compile_order_on_request(qwen2_dir: Path) -> None:
