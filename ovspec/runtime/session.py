@@ -169,6 +169,7 @@ class DecodeSession:
         self.steps: list[StepRecord] = []
         self.boundaries: list[BoundaryRecord] = []
         self._decode: _Bound | None = None
+        self._left: list[Specialization] = []  # passed rungs whose release waits for close
 
     @property
     def live_tokens(self) -> int:
@@ -235,6 +236,8 @@ class DecodeSession:
     def close(self) -> None:
         # Requests go before the KV arrays they point into.
         self._decode = None
+        while self._left:
+            self.programs.release(self._left.pop())
 
     def _decode_bound(self) -> _Bound:
         cap = self.kv.capacity_tokens
@@ -259,7 +262,14 @@ class DecodeSession:
         began = time.perf_counter()
         self._decode = _Bound(compiled, self.roles, Specialization.decode(capacity_tokens), self.kv)
         if passed is not None and self.release_passed:
-            self.programs.release(passed)
+            # Dropping a compiled model stalls the decode (its destructor frees the packed
+            # weights holding the GIL: ~0.1 s for 1 GB), so it happens only where the
+            # memory is needed: before a successor loads. Past the last boundary nothing
+            # loads, and holding the passed rung to the end keeps the peak it had here.
+            if self.ladder.successor(capacity_tokens) is None:
+                self._left.append(passed)
+            else:
+                self.programs.release(passed)
         self.boundaries.append(
             BoundaryRecord(
                 at, crossed - self.origin_s, migration, waited, time.perf_counter() - began

@@ -143,6 +143,20 @@ def test_the_policy_decides_whether_passed_rungs_go(
         assert bool(rebuilt) is releases
 
 
+def test_the_rung_left_at_the_last_boundary_goes_after_the_last_token(
+    qwen2_dir: Path, store: Store
+) -> None:
+    """A release stalls the decode, so a lazy loader drops a passed rung at its boundary
+    only when a successor will load; past the top boundary it waits for the end."""
+    with _cpu_ladder(qwen2_dir, store) as loader:
+        result = decode(loader, list(range(5, 21)), max_new_tokens=100)
+    assert result.rungs == (32, 64, 128)
+    released = {e.spec: e.at_s for e in result.events if e.kind is EventKind.RELEASED}
+    into_64, into_128 = result.boundaries
+    assert into_64.began_s <= released["decode@32"] <= into_128.began_s
+    assert released["decode@64"] >= result.finished_s
+
+
 def test_a_warm_start_never_reads_the_ir(
     qwen2_dir: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
