@@ -8,10 +8,11 @@ from the saved runs.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from ovspec.bench.speed_stats import paired_band_ratios
+from ovspec.bench.speed_stats import boundary_steps_ms, paired_band_ratios
 
 COMMAND = "python tools/bench_speed.py"
 DECODE_TARGET = 1.10  # ovspec/genai ms per token, every band
@@ -88,17 +89,29 @@ def render_page(results: Mapping[str, Any]) -> str:
         "## Start and memory",
         "",
         "| arm | spawn → first token s | last token s | peak VmHWM MiB | peak PSS MiB | "
-        "peak private MiB | longest boundary wait s |",
-        "|---|---|---|---|---|---|---|",
+        "peak private MiB | longest boundary wait s | boundary steps ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    rungs = [int(c) for c in str(config["ladder"]).split(",")]
     for name in arms:
         fig = summary[name]
+        crossings = [
+            boundary_steps_ms(r["token_s"], int(config["prompt_tokens"]), rungs)
+            for r in results.get("runs", [])
+            if r["arm"] == name
+        ]
         lines.append(
             f"| `{name}` | {_num(fig['first_token_s'], 2)} | {_num(fig['done_s'], 1)} | "
             f"{fig['vm_hwm_mib']:.0f} | {fig['peak_pss_mib']:.0f} | {fig['peak_anon_mib']:.0f} | "
-            f"{_num(fig.get('boundary_wait_s'), 3)} |"
+            f"{_num(fig.get('boundary_wait_s'), 3)} | {_boundary_cell(crossings)} |"
         )
     lines += [
+        "",
+        "Boundary steps: the steps that start from exactly a rung's capacity of live",
+        "tokens: they migrate the KV and bind the next rung's graph, and one-ahead drops",
+        "the rung it leaves there when a successor is to load (~0.1 s on this model, under",
+        "the GIL; before s25 at every boundary). Per crossing the median over runs, then",
+        "the slowest; genai's steps at the same lengths for reference.",
         "",
         "VmHWM is the high-water RSS (`/proc/self/status`); it counts a shared page of the",
         "mapped `.bin` once per mapping. PSS counts it once; private is RssAnon. The eager",
@@ -118,6 +131,15 @@ def render_page(results: Mapping[str, Any]) -> str:
     ]
     lines += _targets(summary, bands)
     return "\n".join(lines) + "\n"
+
+
+def _boundary_cell(crossings: list[list[float]]) -> str:
+    """Per crossing the median over runs, and the slowest step of any run."""
+    if not crossings or not all(crossings) or len({len(c) for c in crossings}) != 1:
+        return "-"
+    medians = [statistics.median(steps) for steps in zip(*crossings, strict=True)]
+    worst = max(max(c) for c in crossings)
+    return " / ".join(f"{m:.0f}" for m in medians) + f" (max {worst:.0f})"
 
 
 def _paired_table(results: Mapping[str, Any], arms: list[str], bands: list[str]) -> list[str]:

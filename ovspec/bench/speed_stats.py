@@ -27,6 +27,20 @@ def band_ms(token_s: Sequence[float], prompt_tokens: int, band: tuple[int, int])
     return 1000.0 * statistics.fmean(steps) if steps else None
 
 
+def boundary_steps_ms(
+    token_s: Sequence[float], prompt_tokens: int, rungs: Sequence[int]
+) -> list[float]:
+    """The ms of each decode step that crosses a rung boundary: the step starting from
+    exactly a rung's capacity of live tokens (the top rung has no boundary, nor does a
+    rung the prompt already passed). For genai, which has no rungs, the same steps."""
+    out = []
+    for capacity in sorted(rungs)[:-1]:
+        i = capacity - prompt_tokens + 1  # step i starts from prompt + i - 1 live tokens
+        if 1 <= i < len(token_s):
+            out.append(1000.0 * (token_s[i] - token_s[i - 1]))
+    return out
+
+
 def paired_band_ratios(
     runs: Sequence[Mapping[str, Any]],
     arm: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from ovspec.bench import speed_arm
 from ovspec.bench.pages import render_saved, write_page
 from ovspec.bench.speed import PAGE, SpeedConfig, _spawn, materialize, run_speed, summarize
 from ovspec.bench.speed_arm import ArmRequest, MemorySampler
-from ovspec.bench.speed_stats import band_ms, paired_band_ratios
+from ovspec.bench.speed_stats import band_ms, boundary_steps_ms, paired_band_ratios
 from ovspec.errors import BadRequestError, TrialError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder
@@ -40,6 +41,15 @@ def run(arm: str, token_s: list[float], ids: list[int], rep: int = 0) -> dict[st
         "peak_anon_mib": 50.0,
         "boundary_wait_s": [0.01],
     }
+
+
+def test_boundary_steps_are_the_steps_from_a_full_rung() -> None:
+    # prompt 4 on rungs 4, 6, 8: steps from 4 (i = 1) and 6 (i = 3) live tokens cross.
+    token_s = [1.0, 1.050, 1.060, 1.130, 1.140, 1.150]
+    assert boundary_steps_ms(token_s, 4, [8, 4, 6]) == pytest.approx([50.0, 70.0])
+    assert boundary_steps_ms(token_s, 5, [4, 6, 8]) == pytest.approx([10.0])  # past 4
+    assert boundary_steps_ms(token_s[:3], 4, [4, 6, 8]) == pytest.approx([50.0])  # ended
+    assert boundary_steps_ms(token_s, 4, [8]) == []  # one rung: nothing to cross
 
 
 def test_summary_ratios_and_token_check() -> None:
@@ -117,6 +127,8 @@ def test_a_tiny_run_renders_its_page(tmp_path: Path) -> None:
     page = write_page(tmp_path / "pages", PAGE, results)
     text = page.read_text(encoding="utf-8")
     assert "| `ovspec-warm` |" in text and "## Targets (issue 9)" in text
+    # One crossing (32 -> 64) per run: its step, the median over runs and the slowest.
+    assert re.search(r"^\| `ovspec-eager` \|.* \| \d+ \(max \d+\) \|$", text, re.MULTILINE)
     assert "| `ovspec-warm@base` |" in text and f"from {base}" in text
     # Arms start from compiled bytecode, as an installed package does (genai's is).
     compiled = results["config"]["own_bytecode"]
