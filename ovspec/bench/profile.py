@@ -154,6 +154,8 @@ def interleaved(steppers: Sequence[Stepper], steps: int) -> list[StepProfile]:
 def combined(profiles: Sequence[StepProfile]) -> StepProfile:
     """One graph profiled in several compile orders: the geometric mean of the steps, the
     mean of each op type's time (a type missing from one order counts 0 there)."""
+    if len(profiles) == 1:
+        return profiles[0]
     types = {t for profile in profiles for t in profile.by_type_ms}
     by_type = {t: statistics.fmean(p.by_type_ms.get(t, 0.0) for p in profiles) for t in types}
     step = math.exp(statistics.fmean(math.log(p.step_ms) for p in profiles))

@@ -134,11 +134,12 @@ def render_page(results: Mapping[str, Any]) -> str:
 
 
 def _boundary_cell(crossings: list[list[float]]) -> str:
-    """Per crossing the median over runs, and the slowest step of any run."""
-    if not crossings or not all(crossings) or len({len(c) for c in crossings}) != 1:
-        return "-"
-    medians = [statistics.median(steps) for steps in zip(*crossings, strict=True)]
-    worst = max(max(c) for c in crossings)
+    """Per crossing the median over the runs that reached it, and the slowest step."""
+    reached = max((len(c) for c in crossings), default=0)
+    if not reached:
+        return "–"
+    medians = [statistics.median(c[k] for c in crossings if len(c) > k) for k in range(reached)]
+    worst = max(max(c) for c in crossings if c)
     return " / ".join(f"{m:.0f}" for m in medians) + f" (max {worst:.0f})"
 
 

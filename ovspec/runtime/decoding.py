@@ -453,8 +453,10 @@ def decode(
                 kept[step] = logits
         finished_s = time.perf_counter() - origin
     finally:
-        session.close()
-        kv.close()
+        try:
+            session.close()  # releases what the sequence held back to its end
+        finally:
+            kv.close()
     rungs = [first] + [b.migration.to_capacity_tokens for b in session.boundaries]
     return DecodeResult(
         prompt_tokens=len(prompt_ids),

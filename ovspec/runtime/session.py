@@ -264,8 +264,9 @@ class DecodeSession:
         if passed is not None and self.release_passed:
             # Dropping a compiled model stalls the decode (its destructor frees the packed
             # weights holding the GIL: ~0.1 s for 1 GB), so it happens only where the
-            # memory is needed: before a successor loads. Past the last boundary nothing
-            # loads, and holding the passed rung to the end keeps the peak it had here.
+            # memory is needed: while a successor loads (one-ahead queued it in the get
+            # above). Past the last boundary nothing loads, and holding the passed rung
+            # to the end keeps the peak it had here.
             if self.ladder.successor(capacity_tokens) is None:
                 self._left.append(passed)
             else:

@@ -12,7 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
-from ovspec.bench.profile import StepProfile, combined, profile_rung, stateful_floor_ms
+from ovspec.bench.profile import (
+    COMPILE_ORDERS,
+    StepProfile,
+    combined,
+    profile_rung,
+    stateful_floor_ms,
+)
 from ovspec.cli import cli
 from ovspec.errors import BadRequestError
 from ovspec.ir.model_dir import ModelDir
@@ -98,6 +104,11 @@ def test_compile_orders_combine_by_geometric_mean() -> None:
 def test_stateful_floor_per_live_length(qwen2_dir: Path) -> None:
     floor = stateful_floor_ms(ModelDir.open(qwen2_dir), [0, 31], "CPU", EXACT_CPU_PROPERTIES, 2)
     assert sorted(floor) == [0, 31] and all(ms > 0 for ms in floor.values())
+
+
+def test_the_command_offers_the_library_s_compile_orders() -> None:
+    option = next(p for p in cli.commands["profile"].params if p.name == "compile_order")
+    assert tuple(option.type.choices) == COMPILE_ORDERS  # type: ignore[attr-defined]
 
 
 def test_profile_command(qwen2_dir: Path, tmp_path: Path) -> None:

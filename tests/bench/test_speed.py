@@ -52,6 +52,13 @@ def test_boundary_steps_are_the_steps_from_a_full_rung() -> None:
     assert boundary_steps_ms(token_s, 4, [8]) == []  # one rung: nothing to cross
 
 
+def test_a_boundary_cell_takes_each_crossing_over_the_runs_that_reached_it() -> None:
+    from ovspec.bench.speed_page import _boundary_cell
+
+    assert _boundary_cell([[200.0, 100.0], [220.0], [240.0, 120.0]]) == "220 / 110 (max 240)"
+    assert _boundary_cell([[], []]) == "–" and _boundary_cell([]) == "–"
+
+
 def test_summary_ratios_and_token_check() -> None:
     runs = [
         run("genai", [1.0, 1.01, 1.02, 1.03], [5, 6, 7, 8]),
