@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ovspec.bench.speed_stats import boundary_steps_ms, paired_band_ratios
+from ovspec.ladder import Ladder
 
 COMMAND = "python tools/bench_speed.py"
 DECODE_TARGET = 1.10  # ovspec/genai ms per token, every band
@@ -92,7 +93,7 @@ def render_page(results: Mapping[str, Any]) -> str:
         "peak private MiB | longest boundary wait s | boundary steps ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    rungs = [int(c) for c in str(config["ladder"]).split(",")]
+    rungs = Ladder.parse(str(config["ladder"])).capacities_tokens  # "4K" spellings too
     for name in arms:
         fig = summary[name]
         crossings = [
