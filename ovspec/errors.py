@@ -77,6 +77,11 @@ class StoreError(OvspecError):
     exit_code = 2
 
 
+class BlobRefusedError(StoreError):
+    """A level of the store would not hand out a blob: its bytes do not match the record
+    that names them, or it is larger than the caller allows. Nothing of it was kept."""
+
+
 class RemoteError(StoreError):
     """The shared remote tier failed. Callers fail open (one warning, then compile)
     unless strict: a remote can only lose a hit, never fail a build."""
@@ -86,7 +91,7 @@ class RemoteUnavailableError(RemoteError):
     """The remote cannot be reached (refused, timed out, 5xx) or refused the credentials."""
 
 
-class RemoteIntegrityError(RemoteError):
+class RemoteIntegrityError(RemoteError, BlobRefusedError):
     """The remote sent something its manifest does not vouch for, or a bad manifest."""
 
 

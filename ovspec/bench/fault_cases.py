@@ -37,6 +37,7 @@ from ovspec.bench.faults import (
     tokens_of,
 )
 from ovspec.store.digests import digest_file
+from ovspec.store.keys import BlobKey
 from ovspec.store.local import Store
 
 # -- payload damage (the earlier campaign's classes) ----------------------------------
@@ -125,13 +126,15 @@ def poisoned_blob(h: Harness) -> Outcome:
     """What ovspec before issue 10 stored after a short export: a truncated payload whose
     sidecar and row name its truncated size and checksum, so it verifies."""
     root = h.warm_copy("poisoned")
+    half = root.parent / "poisoned-half.blob"
     with Store(root, strict=True) as store:
         for entry in store.entries():
-            entry.path.write_bytes(entry.path.read_bytes()[: entry.size_bytes // 2])
-            size, checksum = entry.path.stat().st_size, digest_file(entry.path)
+            half.write_bytes(entry.path.read_bytes()[: entry.size_bytes // 2])
+            size, checksum = half.stat().st_size, digest_file(half)
             short = dataclasses.replace(entry, size_bytes=size, checksum=checksum)
-            store.files.write_sidecar(short)
-            store.set_row(short)
+            store.remove(entry.hex)
+            store.local.put(BlobKey(entry.components), half, short)
+    half.unlink()
     outcome = Outcome()
     before = h.check(root)
     outcome.expect(before.code == 0, "the poison was supposed to verify")

@@ -143,7 +143,7 @@ def build(
                 "device": device,
                 "ladder": list(ladder),
                 "cache_dir": str(root),
-                "remote": tier.remote.url if tier is not None else None,
+                "remote": tier.location if tier is not None else None,
                 "entries": [
                     {
                         "specialization": o.spec.label,
@@ -185,7 +185,7 @@ def build(
     )
     if tier is not None:
         click.echo(
-            f"remote {tier.remote.url}: fetched {human_bytes(report.fetched_bytes)}, uploaded "
+            f"remote {tier.location}: fetched {human_bytes(report.fetched_bytes)}, uploaded "
             f"{tier.uploaded} ({human_bytes(tier.uploaded_bytes)})"
             + (f"; not used: {tier.down}" if tier.down else "")
         )

@@ -284,7 +284,7 @@ def plan(
                 if store.tier is not None:
                     on_remote = [r for r, rec in recorded.decode.items() if rec.on_remote]
                     rate = recorded.fetch_bytes_per_s
-                    sources["fetch"] = f"{len(on_remote)} rungs on {store.tier.remote.url}; " + (
+                    sources["fetch"] = f"{len(on_remote)} rungs on {store.tier.location}; " + (
                         f"fetch = bytes / {rate / 1e6:.1f} MB/s (this store's past fetches)"
                         if rate
                         else "no fetch measured by this store yet, so fetches are not "

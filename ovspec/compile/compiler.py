@@ -14,7 +14,6 @@ import errno
 import json
 import logging
 import mmap
-import sqlite3
 import threading
 import time
 import weakref
@@ -152,9 +151,7 @@ class Compiler:
         except BaseException:
             self._prepared.settle()
             raise
-        # A store that is read-only here may be another user's: its memo is not read
-        # (a planted digest would name another file's blobs); hashing is the fallback.
-        self._memo = memo or DigestMemo(None if store.read_only else store.layout.digests)
+        self._memo = memo or store.digest_memo()
         self._roles: ModelRoles | None = None  # from a stored blob's metadata
         self._llm_lock = threading.Lock()
         self._static_values: dict[str, str] | None = None
@@ -193,16 +190,8 @@ class Compiler:
             if self._roles is not None:
                 return self._roles
         if hint is not None:
-            key = self.key(hint)
-            try:
-                entry = self.store.get_row(key.hex)
-            except (ValueError, OSError, sqlite3.Error):
-                entry = None
-            if entry is not None and entry.components == key.components:
-                self._remember_roles(entry.metadata)
-            elif self.store.tier is not None:  # the remote's verified manifest records them
-                manifest = self.store.tier.manifest(key)
-                self._remember_roles(manifest.metadata if manifest is not None else {})
+            record = self.store.record(self.key(hint))
+            self._remember_roles(record.metadata if record is not None else {})
             if self._roles is not None:
                 return self._roles
         if self.host_builder is not None:  # prepared on the host, not on the device cores

@@ -152,7 +152,7 @@ def all_stored(plan: BuildPlan, store: Store) -> bool:
     tier = store.tier
     try:
         return all(
-            store.peek(key) or (tier is not None and tier.has(key))
+            store.peek(key) or (tier is not None and tier.contains(key))
             for key in (compiler.key(spec) for spec in plan.specializations())
         )
     finally:

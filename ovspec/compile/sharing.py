@@ -84,7 +84,7 @@ def push(
                 on_transfer(moved)
     finally:
         compiler.close()
-    return SharingReport("push", tier.remote.url, tuple(done), time.perf_counter() - began)
+    return SharingReport("push", tier.location, tuple(done), time.perf_counter() - began)
 
 
 def pull(
@@ -108,4 +108,4 @@ def pull(
                 on_transfer(moved)
     finally:
         compiler.close()
-    return SharingReport("pull", tier.remote.url, tuple(done), time.perf_counter() - began)
+    return SharingReport("pull", tier.location, tuple(done), time.perf_counter() - began)

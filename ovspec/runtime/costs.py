@@ -57,7 +57,7 @@ def compile_history(
         key = compiler.key(spec)
         entry = by_hex.get(key.hex)
         if entry is not None and entry.components == key.components:
-            on_remote = tier is not None and tier.has(key)
+            on_remote = tier is not None and tier.contains(key)
             out[spec] = RecordedCompile(
                 spec.label,
                 entry.hex,
@@ -67,14 +67,14 @@ def compile_history(
                 on_remote,
             )
             continue
-        manifest = tier.manifest(key) if tier is not None else None
-        if manifest is not None:
+        remote = tier.record(key) if tier is not None else None
+        if remote is not None:
             out[spec] = RecordedCompile(
                 spec.label,
                 key.hex,
-                manifest.compile_s,
-                _export_s(manifest.metadata),
-                manifest.payload.size_bytes,
+                remote.compile_s,
+                _export_s(remote.metadata),
+                remote.size_bytes,
                 True,
             )
     return out

@@ -1,8 +1,8 @@
 """The persistent, content-addressed blob store and what names its blobs.
 
-Owns blob keys (named components), file digests, and the local store: index, payload
-I/O, per-key locks and maintenance. Imports only the primitives; never OpenVINO.
-A remote tier lands here, behind the same interface as the local one.
+Owns blob keys (named components), file digests, the storage interface every level
+implements (``storage``), the local folder (``disk``), the S3 remote (``remote``), the
+two composed (``tier``) and ``Store``, what callers open (``local``). Never OpenVINO.
 """
 
 from __future__ import annotations

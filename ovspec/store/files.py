@@ -17,23 +17,16 @@ import secrets
 import shutil
 import stat
 import time
-from enum import Enum
 from pathlib import Path
 
 import xxhash
 
 from ovspec.store.digests import size_and_digest
 from ovspec.store.layout import STORE_FORMAT_VERSION, StoreLayout, fsync_dir
-from ovspec.store.records import StoreEntry, entry_from_json, record_json
+from ovspec.store.records import StoreEntry, Verdict, entry_from_json, record_json
 
 # What ``hash_file`` reports for a path that is there but is not a regular file.
 NOT_A_FILE: tuple[int, str] = (-1, "not a regular file")
-
-
-class Verdict(Enum):
-    OK = "ok"
-    MISSING = "missing"
-    CORRUPT = "corrupt"
 
 
 def hash_file(path: Path) -> tuple[int, str] | None:
@@ -101,8 +94,8 @@ def map_verified(entry: StoreEntry) -> tuple[Verdict, mmap.mmap | None]:
 
     What is verified is what the caller will read: the mapping keeps the inode alive,
     so an eviction or a ``clear`` by another process after this call cannot pull the
-    bytes away or swap them (issue 10). Copy-on-write because OpenVINO wants a
-    writable buffer; nothing is written back to the file.
+    bytes away or swap them. Copy-on-write because OpenVINO wants a writable buffer;
+    nothing is written back to the file.
     """
     try:
         fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)

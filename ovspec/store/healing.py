@@ -12,22 +12,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING
 
-from ovspec.store.files import Verdict, is_regular, verify
+from ovspec.store.core import StoreCore
+from ovspec.store.files import is_regular, verify
 from ovspec.store.index import INDEX_ERRORS
 from ovspec.store.keys import BlobKey
-from ovspec.store.records import StoreEntry, row_json
-
-if TYPE_CHECKING:
-    from ovspec.store.local import Store
+from ovspec.store.records import StoreEntry, Verdict, row_json
 
 log = logging.getLogger(__name__)
 
 _IO_ERRORS_OR_MALFORMED: tuple[type[BaseException], ...] = (*INDEX_ERRORS, ValueError)
 
 
-def discard_bad(store: Store, hex_: str, seen: StoreEntry, verdict: Verdict, *, held: bool) -> None:
+def discard_bad(
+    store: StoreCore, hex_: str, seen: StoreEntry, verdict: Verdict, *, held: bool
+) -> None:
     """A payload that failed verification: drop (missing) or quarantine (corrupt)."""
     if verdict is Verdict.MISSING and not store.index.has_row(hex_):
         return  # removed by another process (evicted, cleared) meanwhile: a plain miss
@@ -44,7 +43,7 @@ def discard_bad(store: Store, hex_: str, seen: StoreEntry, verdict: Verdict, *, 
             return  # another process is rebuilding this key right now
         # Re-verify under the lock: a producer may have replaced it meanwhile.
         try:
-            entry = store.get_row(hex_)
+            entry = store.row(hex_)
         except ValueError:
             entry = None
         if entry is not None and entry.checksum != seen.checksum:
@@ -57,7 +56,7 @@ def discard_bad(store: Store, hex_: str, seen: StoreEntry, verdict: Verdict, *, 
             store.quarantine_entry(hex_)
 
 
-def reindex(store: Store, key: BlobKey, *, held: bool) -> StoreEntry | None:
+def reindex(store: StoreCore, key: BlobKey, *, held: bool) -> StoreEntry | None:
     """No index row: re-index payload + sidecar if they verify (self-heal)."""
     hex_ = key.hex
     if is_regular(store.layout.payload_path(hex_)) is not True:
@@ -79,7 +78,7 @@ def reindex(store: Store, key: BlobKey, *, held: bool) -> StoreEntry | None:
         return entry
 
 
-def quarantine(store: Store, hex_: str, checksum: str, why: str) -> bool:
+def quarantine(store: StoreCore, hex_: str, checksum: str, why: str) -> bool:
     """Move a stored entry aside because a consumer found it unusable (its bytes
     verify, but the device cannot import them, e.g. a blob an older ovspec stored from
     a short write). Only the entry with ``checksum`` is touched, so one that another
@@ -92,7 +91,7 @@ def quarantine(store: Store, hex_: str, checksum: str, why: str) -> bool:
         with store.try_lock(hex_) as got:
             if not got:
                 return False
-            entry = store.get_row(hex_)
+            entry = store.row(hex_)
             if entry is None or entry.checksum != checksum:
                 return False
             store.quarantine_entry(hex_)

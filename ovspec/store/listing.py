@@ -5,10 +5,10 @@ an entry by a key prefix, and the statistics. Nothing here hashes, counts or tou
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 from ovspec.errors import StoreError
 from ovspec.store import index as counters
+from ovspec.store.core import StoreCore
 from ovspec.store.index import (
     INDEX_ERRORS,
     STAT_EVICTIONS,
@@ -20,16 +20,13 @@ from ovspec.store.index import (
 from ovspec.store.keys import BlobKey
 from ovspec.store.records import RemoteStats, StoreEntry, StoreStats
 
-if TYPE_CHECKING:
-    from ovspec.store.local import Store
 
-
-def peek(store: Store, key: BlobKey) -> bool:
+def peek(store: StoreCore, key: BlobKey) -> bool:
     """Whether ``key`` looks stored (a row naming it and a payload of its size), without
     hashing, counting or touching anything: a cheap "would this hit?". ``lookup``
     still verifies before anything is used."""
     try:
-        entry = store.get_row(key.hex)
+        entry = store.row(key.hex)
     except (ValueError, *INDEX_ERRORS):  # type: ignore[misc]
         return False
     if entry is None or entry.components != key.components:
@@ -40,25 +37,25 @@ def peek(store: Store, key: BlobKey) -> bool:
         return False
 
 
-def entries(store: Store) -> list[StoreEntry]:
+def entries(store: StoreCore) -> list[StoreEntry]:
     """Every well-formed index row, most recently used first (not verified)."""
     out: list[StoreEntry] = []
     with store.locked_io("list the entries"):
         for hex_ in store.index.row_hexes():
             with contextlib.suppress(ValueError):  # a malformed row: check() reports it
-                entry = store.get_row(hex_)
+                entry = store.row(hex_)
                 if entry is not None:
                     out.append(entry)
     out.sort(key=lambda e: (e.accessed_unix_s, e.created_unix_s), reverse=True)
     return out
 
 
-def find(store: Store, prefix: str) -> StoreEntry:
+def find(store: StoreCore, prefix: str) -> StoreEntry:
     """The entry whose hex starts with ``prefix``; StoreError if none or several."""
     needle = prefix.strip().lower()
     if not needle:
         raise StoreError("empty key prefix; give the first hex digits of an entry")
-    matches = [e for e in store.entries() if e.hex.startswith(needle)]
+    matches = [e for e in entries(store) if e.hex.startswith(needle)]
     if not matches:
         raise StoreError(f"no entry matches {prefix!r}; see `ovspec cache ls`")
     if len(matches) > 1:
@@ -70,16 +67,16 @@ def find(store: Store, prefix: str) -> StoreEntry:
     return matches[0]
 
 
-def stats(store: Store) -> StoreStats:
+def stats(store: StoreCore) -> StoreStats:
     with store.locked_io("read statistics"):
-        entries = store.entries()
+        found = entries(store)
         counter = store.index.counter
         return StoreStats(
             hits=counter(STAT_HITS),
             misses=counter(STAT_MISSES),
             saved_s=counter(STAT_SAVED_US) / 1e6,
-            entries=len(entries),
-            stored_bytes=sum(e.size_bytes for e in entries),
+            entries=len(found),
+            stored_bytes=sum(e.size_bytes for e in found),
             size_limit_bytes=store.size_limit_bytes,
             evictions=counter(STAT_EVICTIONS),
             quarantined=counter(STAT_QUARANTINED),

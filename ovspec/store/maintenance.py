@@ -1,13 +1,13 @@
-"""Keeping a store healthy: the self-check, garbage collection and clearing.
+"""Keeping a store healthy: the self-check, eviction, garbage collection, clearing.
 
 ``check`` compares index rows, payloads, sidecars and temps key by key and names
 each problem (repairing it with ``fix``); ``gc`` repairs, evicts to the size limit and
 drops idle locks and old quarantine; ``clear`` empties the store but its settings.
-Each runs under the caller's ``Store.locked_io``.
+Each runs under the caller's ``StoreCore.locked_io``.
 
 Every walk is ``lstat``-based and stays below the root: a link found inside the store
 is reported and, when repairing, removed (the link, never its target); no folder is
-entered through a link (issue 10: ``clear`` used to delete files a link pointed at).
+entered through a link, so nothing a link points at is ever deleted.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ovspec.errors import StoreError
 from ovspec.store import opening
+from ovspec.store.core import StoreCore
 from ovspec.store.files import NOT_A_FILE, hash_file, remove_path, unlink
 from ovspec.store.index import STAT_EVICTIONS
 from ovspec.store.layout import (
@@ -34,6 +34,7 @@ from ovspec.store.layout import (
     STORE_LOCK_NAME,
     TEMP_RE,
 )
+from ovspec.store.listing import entries as list_entries
 from ovspec.store.locks import KeyLock, LockTimeout
 from ovspec.store.records import (
     GcReport,
@@ -44,9 +45,6 @@ from ovspec.store.records import (
     row_json,
 )
 from ovspec.store.trust import FOLDER_NAMES, inspect
-
-if TYPE_CHECKING:
-    from ovspec.store.local import Store
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +81,7 @@ def _kind(st: os.stat_result) -> str:
     return "not a regular file"
 
 
-def check(store: Store, fix: bool) -> list[str]:
+def check(store: StoreCore, fix: bool) -> list[str]:
     """Problems found; with ``fix`` also repaired: links in place of folders removed,
     a damaged index rebuilt from the sidecars, orphan payloads re-indexed when their
     sidecar verifies, else quarantined; corrupt ones quarantined; stale temps deleted;
@@ -92,7 +90,7 @@ def check(store: Store, fix: bool) -> list[str]:
         store.require_writable("repair it")
     problems = _check(store, fix)
     limit = store.size_limit_bytes
-    entries = store.entries()
+    entries = list_entries(store)
     total = sum(e.size_bytes for e in entries)
     if total > limit and len(entries) > 1:
         problems.append(
@@ -100,11 +98,11 @@ def check(store: Store, fix: bool) -> list[str]:
             f"limit of {limit} bytes"
         )
         if fix:
-            store.evict_to_limit(keep=None)
+            evict_to_limit(store, keep=None)
     return problems
 
 
-def repair_folders(store: Store, fix: bool) -> list[str]:
+def repair_folders(store: StoreCore, fix: bool) -> list[str]:
     """Links (or files) where the store's folders belong; replaced by empty folders
     when ``fix`` (quarantine first, so later moves land in a real folder)."""
     layout = store.layout
@@ -133,7 +131,7 @@ def repair_folders(store: Store, fix: bool) -> list[str]:
     return problems
 
 
-def reopen_index(store: Store, why: str) -> None:
+def reopen_index(store: StoreCore, why: str) -> None:
     """Replace the store's index with one rebuilt from the sidecars (store lock held
     inside)."""
     with opening.store_lock(store.layout, store.lock_policy):
@@ -141,7 +139,7 @@ def reopen_index(store: Store, why: str) -> None:
         store.index = opening.rebuild(store.layout, why, store.warn)
 
 
-def _check(store: Store, fix: bool) -> list[str]:
+def _check(store: StoreCore, fix: bool) -> list[str]:
     layout = store.layout
     problems = repair_folders(store, fix)
     if store.access.report.links and not fix:
@@ -191,7 +189,7 @@ def _check(store: Store, fix: bool) -> list[str]:
     return problems
 
 
-def _check_blobs(store: Store, fix: bool, problems: list[str]) -> set[str]:
+def _check_blobs(store: StoreCore, fix: bool, problems: list[str]) -> set[str]:
     """Walk blobs/<xx>/ (real folders only); the hexes of well-named payloads and
     sidecars. Anything else is reported and, when fixing, quarantined."""
     layout = store.layout
@@ -220,7 +218,7 @@ def _check_blobs(store: Store, fix: bool, problems: list[str]) -> set[str]:
     return hexes
 
 
-def _check_key(store: Store, hex_: str, temps: list[Path], fix: bool) -> list[str]:
+def _check_key(store: StoreCore, hex_: str, temps: list[Path], fix: bool) -> list[str]:
     """Check one key's row, payload, sidecar and temps. Caller holds its lock."""
     problems: list[str] = []
     short = hex_[:12]
@@ -230,7 +228,7 @@ def _check_key(store: Store, hex_: str, temps: list[Path], fix: bool) -> list[st
             unlink(t)
 
     try:
-        row = store.get_row(hex_)
+        row = store.row(hex_)
     except ValueError as exc:
         problems.append(f"entry {short}: index row is malformed ({exc})")
         if fix:
@@ -296,10 +294,10 @@ def _check_key(store: Store, hex_: str, temps: list[Path], fix: bool) -> list[st
     return problems
 
 
-def gc(store: Store) -> GcReport:
+def gc(store: StoreCore) -> GcReport:
     store.require_writable("collect garbage")
     repaired = _check(store, fix=True)
-    evicted, freed = store.evict_to_limit(keep=None)
+    evicted, freed = evict_to_limit(store, keep=None)
     live = set(store.index.row_hexes())
     locks_removed = 0
     for name, st in _scan(store.layout.locks):
@@ -331,7 +329,7 @@ def gc(store: Store) -> GcReport:
     )
 
 
-def _remove_unused_models(store: Store, cutoff_unix_s: float) -> int:
+def _remove_unused_models(store: StoreCore, cutoff_unix_s: float) -> int:
     """Model folders last used before the cutoff, and half-written ones (a writer's
     staging folder, ``.NAME.*.tmp``) older than a stale temp. Links are never followed."""
     removed = 0
@@ -365,7 +363,7 @@ def _tree_bytes(path: Path) -> int:
     return total
 
 
-def usage(store: Store) -> StoreUsage:
+def usage(store: StoreCore) -> StoreUsage:
     layout = store.layout
     blobs = _tree_bytes(layout.blobs)
     models = _tree_bytes(layout.models)
@@ -379,10 +377,10 @@ def usage(store: Store) -> StoreUsage:
     )
 
 
-def clear(store: Store) -> int:
+def clear(store: StoreCore) -> int:
     store.require_writable("clear it")
     repair_folders(store, fix=True)
-    removed = sum(store.remove(h) for h in store.index.row_hexes())
+    removed = sum(remove(store, h) for h in store.index.row_hexes())
     layout = store.layout
     for name, st in _scan(layout.blobs):
         folder = layout.blobs / name
@@ -411,15 +409,18 @@ def clear(store: Store) -> int:
     return removed
 
 
-def evict_to_limit(store: Store, keep: str | None) -> tuple[int, int]:
+def evict_to_limit(store: StoreCore, keep: str | None) -> tuple[int, int]:
     """Evict least-recently-used entries until under the limit.
 
     Never evicts ``keep`` (the entry just written) nor the last entry left, so
     a single blob over the limit is kept (with a warning). Entries whose lock
-    is busy are skipped. Returns (entries evicted, bytes freed).
+    is busy are skipped. Returns (entries evicted, bytes freed); a read-only store
+    evicts nothing.
     """
+    if store.read_only:
+        return 0, 0
     limit = store.size_limit_bytes
-    entries = store.entries()
+    entries = list_entries(store)
     total = sum(e.size_bytes for e in entries)
     evicted = freed = 0
     if total <= limit:
@@ -449,7 +450,7 @@ def evict_to_limit(store: Store, keep: str | None) -> tuple[int, int]:
     return evicted, freed
 
 
-def remove(store: Store, hex_: str) -> bool:
+def remove(store: StoreCore, hex_: str) -> bool:
     """Remove the entry with this full hex under its lock; False if there is none."""
     if not store.index.has_row(hex_):
         return False

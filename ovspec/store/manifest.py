@@ -25,8 +25,9 @@ import xxhash
 
 from ovspec.errors import RemoteIntegrityError, RemoteSignatureError, StoreError, arg
 from ovspec.store.keys import BlobKey, KeyComponent
+from ovspec.store.records import BlobRecord
 
-# History: 1 — first format (2026-12, issue 14).
+# History: 1 — first format (2026-12).
 REMOTE_FORMAT = "ovspec-remote 1"
 MAX_MANIFEST_BYTES = 1 << 20  # an untrusted server must not make a client read a huge one
 HMAC_ALG = "hmac-sha256"
@@ -109,6 +110,17 @@ class Manifest:
     @property
     def compile_s(self) -> float:
         return self.compile_us / 1e6
+
+    def record(self) -> BlobRecord:
+        """What the manifest says of its blob, as every level of the store says it."""
+        return BlobRecord(
+            hex=self.hex,
+            components=self.components,
+            size_bytes=self.payload.size_bytes,
+            checksum=self.payload.xxh3_128,
+            compile_s=self.compile_s,
+            metadata=dict(self.metadata),
+        )
 
     def body(self) -> dict[str, Any]:
         """Everything the signature covers: the whole manifest but the signature."""

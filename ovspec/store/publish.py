@@ -1,12 +1,12 @@
 """Turning a produced payload into a store entry, or handing it out when the store
 cannot keep it.
 
-The write path of ``Store.get_or_create`` once the key's lock is held: re-check,
+The write path of ``DiskStore.get_or_create`` once the key's lock is held: re-check,
 produce into a temp file, prove the payload whole (the size the producer counted, not
 empty, and ``validate`` accepts it: the device imports it), then ``commit`` it (fsync,
 checksum, rename, sidecar, row) or fail open into a private temp folder outside the
 store. ``commit`` is the one way a payload enters the store, whoever made it: a
-remote tier commits a payload it fetched and verified the same way.
+payload fetched from a remote, or handed to ``put``, is committed the same way.
 """
 
 from __future__ import annotations
@@ -20,23 +20,24 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ovspec.errors import StoreError
+from ovspec.store.core import StoreCore
 from ovspec.store.files import hash_file, unlink
 from ovspec.store.index import INDEX_ERRORS, STAT_MISSES
 from ovspec.store.keys import BlobKey
 from ovspec.store.layout import fsync_dir, fsync_file
+from ovspec.store.lookup import count_hit, lookup
+from ovspec.store.maintenance import evict_to_limit
 from ovspec.store.records import (
     OUTSIDE_PREFIX,
     BlobOutcome,
+    BlobRecord,
     PayloadWriteError,
     ProducedBlob,
     StoreEntry,
 )
-
-if TYPE_CHECKING:
-    from ovspec.store.local import Store
+from ovspec.store.storage import PutResult
 
 Producer = Callable[[Path], ProducedBlob]
 _EVICTION_ERRORS: tuple[type[BaseException], ...] = (*INDEX_ERRORS, StoreError)
@@ -46,14 +47,14 @@ Validator = Callable[[Path], None]
 
 
 def create_locked(
-    store: Store, key: BlobKey, produce: Producer, wait_s: float, validate: Validator | None
+    store: StoreCore, key: BlobKey, produce: Producer, wait_s: float, validate: Validator | None
 ) -> BlobOutcome:
     hex_ = key.hex
     try:
         # Re-check: whoever held the lock before us may have stored it.
-        entry, mapping = store.lookup_locked(key, mapped=True)
+        entry, mapping = lookup(store, key, held=True, mapped=True)
         if entry is not None:
-            store.count_hit(entry)
+            count_hit(store, entry)
             return BlobOutcome.stored_entry(entry, hit=True, wait_s=wait_s, payload=mapping)
         store.index.bump(STAT_MISSES)
         tmp = store.layout.new_temp(hex_, "blob")
@@ -101,18 +102,42 @@ def create_locked(
             metadata=produced.metadata,
         )
     try:
-        store.evict_to_limit(keep=hex_)
+        evict_to_limit(store, keep=hex_)
     except _EVICTION_ERRORS as exc:
         store.fail_open("eviction after a put failed", exc)
     return BlobOutcome.stored_entry(entry, hit=False, wait_s=wait_s)
+
+
+def put_locked(store: StoreCore, key: BlobKey, source: Path, record: BlobRecord) -> PutResult:
+    """Copy the payload at ``source`` in and commit it as ``record`` says, unless a
+    verified entry is there already. The caller holds the key's lock."""
+    hex_ = key.hex
+    entry, _ = lookup(store, key, held=True, mapped=False)
+    if entry is not None:
+        return PutResult(stored=False, moved_bytes=0)
+    tmp = store.layout.new_temp(hex_, "blob")
+    produced = ProducedBlob(
+        compile_s=record.compile_s, metadata=record.metadata, size_bytes=record.size_bytes
+    )
+    try:
+        shutil.copyfile(source, tmp)
+        commit(store, key, tmp, produced, expected_checksum=record.checksum)
+    except BaseException:
+        unlink(tmp)
+        raise
+    try:
+        evict_to_limit(store, keep=hex_)
+    except _EVICTION_ERRORS as exc:
+        store.fail_open("eviction after a put failed", exc)
+    return PutResult(stored=True, moved_bytes=record.size_bytes)
 
 
 def prove_whole(hex_: str, path: Path, produced: ProducedBlob) -> None:
     """Refuse a payload that cannot be what the producer meant to write.
 
     ``export_model`` swallows the exceptions of the stream it writes to, so a write
-    that failed half-way (disk full, RLIMIT_FSIZE, EIO) used to leave a short file
-    that was checksummed and published as a valid entry (issue 10).
+    that failed half-way (disk full, RLIMIT_FSIZE, EIO) leaves a short file that must
+    not be checksummed and published as a valid entry.
     """
     try:
         st = os.lstat(path)
@@ -131,7 +156,7 @@ def prove_whole(hex_: str, path: Path, produced: ProducedBlob) -> None:
 
 
 def commit(
-    store: Store,
+    store: StoreCore,
     key: BlobKey,
     tmp: Path,
     produced: ProducedBlob,
@@ -202,7 +227,7 @@ def _outside_folder(hex_: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{OUTSIDE_PREFIX}{hex_[:12]}-"))
 
 
-def evacuate(store: Store, hex_: str, tmp: Path) -> Path:
+def evacuate(store: StoreCore, hex_: str, tmp: Path) -> Path:
     """Move a payload the store could not keep to a private temp folder."""
     src = tmp if tmp.exists() else store.layout.payload_path(hex_)
     folder: Path | None = None
@@ -220,7 +245,7 @@ def evacuate(store: Store, hex_: str, tmp: Path) -> Path:
 
 
 def produce_outside(
-    store: Store,
+    store: StoreCore,
     key: BlobKey,
     produce: Producer,
     validate: Validator | None,

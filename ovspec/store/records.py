@@ -1,8 +1,8 @@
-"""The store's value types and their JSON form: entries, outcomes, statistics.
+"""The store's value types and their JSON form: records, entries, outcomes, statistics.
 
-A ``StoreEntry`` is what the index row and the sidecar of one blob both describe;
-``entry_from_json`` is the one parser of either (a malformed record is a
-``ValueError``, never a crash further on).
+A ``BlobRecord`` is what any level of the store knows of a blob; a ``StoreEntry`` is the
+local store's (its index row and sidecar both describe one). ``entry_from_json`` is the
+one parser of either form (a malformed record is a ``ValueError``, never a crash later).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import math
 import mmap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ class ProducedBlob:
 
     ``size_bytes``: how many bytes the producer wrote, as it counted them. The store
     publishes only a payload of exactly that size (a short file is a failed write that
-    went unnoticed, issue 10); None when the producer does not count.
+    went unnoticed); None when the producer does not count.
     """
 
     compile_s: float
@@ -61,18 +62,24 @@ class ProducedBlob:
         object.__setattr__(self, "metadata", dict(self.metadata))
 
 
+class Verdict(Enum):
+    """What checking a stored payload against its record found."""
+
+    OK = "ok"
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+
+
 @dataclass(frozen=True)
-class StoreEntry:
-    """One stored blob: where it is, what it weighs, what made it."""
+class BlobRecord:
+    """What a level of the store knows of one blob: its key, its payload's size and
+    xxh3-128, what compiling it cost, and what its producer noted."""
 
     hex: str
-    path: Path
+    components: tuple[KeyComponent, ...]
     size_bytes: int
     checksum: str
-    created_unix_s: float
-    accessed_unix_s: float
     compile_s: float
-    components: tuple[KeyComponent, ...]
     metadata: Mapping[str, str]
 
     def __post_init__(self) -> None:
@@ -86,6 +93,16 @@ class StoreEntry:
     def values(self) -> dict[str, str]:
         """The key components as name -> value (what ``keys.explain`` takes)."""
         return {c.name: c.value for c in self.components}
+
+
+@dataclass(frozen=True)
+class StoreEntry(BlobRecord):
+    """One blob in the local store: its record, where its payload is, and when it was
+    stored and last used."""
+
+    path: Path
+    created_unix_s: float
+    accessed_unix_s: float
 
     def to_json(self) -> dict[str, object]:
         return {

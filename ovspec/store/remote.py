@@ -2,11 +2,12 @@
 
 Owns the configuration (``s3://bucket/prefix``, read-only, the signing key file, from
 arguments or ``OVSPEC_REMOTE*``), the interface a backend implements (bytes in and
-out, no trust decisions) and ``Remote``, which decides trust: a manifest must name the
-key asked for and carry a valid signature when this client holds keys; a payload must
-be exactly what its manifest says (size, sha256, xxh3-128) or nothing of it is kept.
-Publishing writes the payload first, under its sha256, and the manifest last, only if
-none is there: a reader never meets a partial blob, and no writer clobbers another.
+out, no trust decisions) and ``Remote``, a ``BlobStorage`` level that decides trust: a
+manifest must name the key asked for and carry a valid signature when this client holds
+keys; a payload must be exactly what its manifest says (size, sha256, xxh3-128) or
+nothing of it is kept. Publishing writes the payload first, under its sha256, and the
+manifest last, only if none is there: a reader never meets a partial blob, and no
+writer clobbers another. A remote takes no key locks (that is the local store's job).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -31,6 +33,8 @@ from ovspec.errors import (
 )
 from ovspec.store.keys import BlobKey
 from ovspec.store.manifest import Manifest, SigningKeys, describe_payload, new_manifest
+from ovspec.store.records import BlobRecord, Verdict
+from ovspec.store.storage import PutResult
 
 ENV_REMOTE = "OVSPEC_REMOTE"
 ENV_READ_ONLY = "OVSPEC_REMOTE_READ_ONLY"
@@ -53,6 +57,8 @@ class RemoteBackend(Protocol):
     def open_payload(self, sha256: str) -> tuple[int, Iterator[bytes]] | None: ...
 
     def list_manifests(self) -> Iterator[str]: ...
+
+    def delete_manifest(self, hex_: str) -> bool: ...
 
     def write_payload(self, sha256: str, size_bytes: int, file: BinaryIO) -> bool: ...
 
@@ -149,7 +155,16 @@ class Remote:
             self._manifests[key.hex] = manifest
         return manifest
 
-    def has(self, key: BlobKey) -> bool:
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def record(self, key: BlobKey) -> BlobRecord | None:
+        """What the verified manifest of ``key`` says; None if the remote has none."""
+        manifest = self.manifest(key)
+        return manifest.record() if manifest is not None else None
+
+    def contains(self, key: BlobKey) -> bool:
         """Whether a manifest for ``key`` is there (not read, not verified: a hint)."""
         with self._lock:
             if key.hex in self._manifests:
@@ -240,8 +255,53 @@ class Remote:
             ref.size_bytes if uploaded else 0,
         )
 
-    def list(self) -> list[str]:
-        return list(self.backend.list_manifests())
+    def get(self, key: BlobKey, dest: Path, *, max_bytes: int | None = None) -> BlobRecord | None:
+        """``fetch`` as a ``BlobStorage`` read: a payload larger than ``max_bytes`` (as its
+        manifest says) is refused before a byte of it is downloaded."""
+        manifest = self.manifest(key)
+        if manifest is None:
+            return None
+        size = manifest.payload.size_bytes
+        if max_bytes is not None and size > max_bytes:
+            raise RemoteIntegrityError(
+                f"the payload of {key.hex[:12]} is {size} bytes, over the {max_bytes} allowed"
+            )
+        fetched = self.fetch(key, dest)
+        return fetched.record() if fetched is not None else None
+
+    def put(self, key: BlobKey, source: Path, record: BlobRecord) -> PutResult:
+        """``publish`` the file at ``source`` as ``record`` says (the file opened now is
+        the one hashed and sent, whatever later replaces the name)."""
+        if record.hex != key.hex or record.components != key.components:
+            raise ValueError(f"the record names blob {record.hex[:12]}, not {key.hex[:12]}")
+        fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        with open(fd, "rb") as file:
+            published = self.publish(
+                key, file, record.compile_s, record.metadata, expected_xxh3=record.checksum
+            )
+        return PutResult(published.outcome is PublishOutcome.PUBLISHED, published.uploaded_bytes)
+
+    def remove(self, hex_: str) -> bool:
+        """Delete the manifest of ``hex_`` (its payload, named by content, may serve
+        other manifests and stays); whether there was one."""
+        if self.read_only:
+            raise RemoteReadOnlyError(f"the remote {self.url} is read-only here")
+        with self._lock:
+            self._manifests.pop(hex_, None)
+        return self.backend.delete_manifest(hex_)
+
+    def hexes(self) -> Iterator[str]:
+        return self.backend.list_manifests()
+
+    def verify(self, key: BlobKey) -> Verdict:
+        """Download the payload of ``key`` to a temp file and check it against its
+        manifest; nothing on the remote changes (it is not this client's to repair)."""
+        with tempfile.TemporaryDirectory(prefix="ovspec-verify-") as folder:
+            try:
+                found = self.fetch(key, Path(folder) / "payload")
+            except RemoteIntegrityError:
+                return Verdict.CORRUPT
+        return Verdict.OK if found is not None else Verdict.MISSING
 
 
 def open_remote(

@@ -1,6 +1,6 @@
 """The remote tier's one backend: an S3-compatible bucket through obstore.
 
-Moves bytes and makes no trust decisions (``remote.RemoteTier`` does). Imported only
+Moves bytes and makes no trust decisions (``remote.Remote`` does). Imported only
 when a remote is configured, so obstore (the ``remote`` extra) is needed only then.
 Layout under ``<bucket>/<prefix>/v1/``: ``payloads/<sha256>`` (content-addressed, so
 any writer of a name writes the same bytes) and ``manifests/<key hex>.json`` (written
@@ -211,6 +211,15 @@ class S3Backend:
                 chunk_size=self.settings.multipart_chunk_bytes,
                 max_concurrency=self.settings.multipart_concurrency,
             )
+        return True
+
+    def delete_manifest(self, hex_: str) -> bool:
+        """Delete a manifest (its payload may serve others and stays); False if absent."""
+        self._require_writable(f"deleting manifest {hex_[:12]}")
+        with _unavailable(f"deleting manifest {hex_[:12]} on {self.settings.url}"):
+            if not self.has_manifest(hex_):
+                return False
+            obstore.delete(self._small, self.manifest_path(hex_))
         return True
 
     def create_manifest(self, hex_: str, data: bytes) -> bool:

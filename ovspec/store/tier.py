@@ -1,13 +1,13 @@
-"""The remote tier behind one local store: fetch on a local miss, upload after a compile.
+"""Two levels composed: the local store in front, a remote (any ``BlobStorage``) behind.
 
-``Store.get_or_create`` goes through here when a remote is attached. Under the key's
-lock, a local miss asks the remote before the producer: a fetched payload is verified
-(``Remote.fetch``), proven importable (``validate``) and committed like a compiled one
-(``publish.commit``, with the checksum the manifest names). A blob compiled here is
-uploaded on a background thread once the local commit is done and the lock released.
-The remote never fails a build: each failure is one ``RemoteWarning`` and a compile
-(``strict``: raised instead), and a remote found unreachable is not asked again by this
-store. ``push`` and ``pull`` move whole ladders on request. Counts go to the index.
+Under the front's key lock, a local miss asks the remote before the producer: a fetched
+payload is verified by the remote (``get``), proven importable (``validate``) and
+committed by the front like a compiled one, with the checksum the remote's record names.
+A blob compiled here is uploaded on a background thread once the local commit is done
+and the lock released. The remote never fails a build: each failure is one
+``RemoteWarning`` and a compile (``strict``: raised instead), and a remote found
+unreachable is not asked again. ``push`` and ``pull`` move whole ladders on request.
+The tier knows the front only through its public calls; counts go to its counters.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import threading
 import time
 import warnings
@@ -24,24 +23,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ovspec.errors import (
-    RemoteError,
     RemoteIntegrityError,
     RemoteUnavailableError,
     StoreError,
 )
 from ovspec.store import index as counters
+from ovspec.store.disk import DiskStore
 from ovspec.store.files import unlink
-from ovspec.store.index import INDEX_ERRORS
 from ovspec.store.keys import BlobKey
-from ovspec.store.manifest import Manifest
-from ovspec.store.records import BlobOutcome, ProducedBlob, StoreWarning
-from ovspec.store.remote import PublishOutcome, Remote
-
-if TYPE_CHECKING:
-    from ovspec.store.local import Store
+from ovspec.store.records import BlobOutcome, BlobRecord, ProducedBlob, StoreWarning
+from ovspec.store.storage import BlobStorage
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +93,16 @@ class _Fetched:
     seconds: float
 
 
-class Tier:
-    """One local store with a remote behind it."""
+def _shareable(metadata: Mapping[str, str]) -> dict[str, str]:
+    """Metadata to upload: what the producer noted, not what a fetch added here."""
+    return {k: v for k, v in metadata.items() if k not in (FETCHED_FROM, FETCH_S)}
 
-    def __init__(self, store: Store, remote: Remote, *, strict: bool = False) -> None:
-        self.store = store
+
+class Tier:
+    """A local store (``front``) with a remote level behind it."""
+
+    def __init__(self, front: DiskStore, remote: BlobStorage, *, strict: bool = False) -> None:
+        self.front = front
         self.remote = remote
         self.strict = strict
         self._lock = threading.Lock()
@@ -112,15 +110,20 @@ class Tier:
         self._warned: set[str] = set()
         self._uploader: ThreadPoolExecutor | None = None
         self._uploads: list[Future[None]] = []
-        self._upload_error: RemoteError | None = None
+        self._upload_error: StoreError | None = None
         self._closed = False
-        # This process's uploads (the index counts every process's).
+        # This process's uploads (the front's counters count every process's).
         self.uploaded = 0
         self.uploaded_bytes = 0
 
     @property
     def down(self) -> str | None:
         return self._down
+
+    @property
+    def location(self) -> str:
+        """Where the remote is (its URL)."""
+        return self.remote.location
 
     # -- failing open ---------------------------------------------------------------------
 
@@ -133,31 +136,25 @@ class Tier:
         log.debug("%s", message)
         warnings.warn(message, RemoteWarning, stacklevel=4)
 
-    def _count(self, name: str, delta: int = 1) -> None:
-        try:
-            self.store.index.bump(name, delta)
-        except INDEX_ERRORS as exc:
-            self.store.fail_open("cannot update statistics", exc)
-
-    def _failed(self, what: str, exc: RemoteError) -> None:
+    def _failed(self, what: str, exc: StoreError) -> None:
         """A remote failure: counted, then raised when strict, else one warning."""
         if isinstance(exc, RemoteUnavailableError):
             with self._lock:
                 first = self._down is None
                 self._down = str(exc)
             if first:
-                self._count(counters.STAT_REMOTE_FAILURES)
+                self.front.count(counters.STAT_REMOTE_FAILURES)
             if self.strict:
                 raise exc
             self._warn(
-                f"remote {self.remote.url}: {exc}; {what} locally, and not asking the remote "
+                f"remote {self.location}: {exc}; {what} locally, and not asking the remote "
                 "again in this process"
             )
             return
-        self._count(counters.STAT_REMOTE_REFUSED)
+        self.front.count(counters.STAT_REMOTE_REFUSED)
         if self.strict:
             raise exc
-        self._warn(f"remote {self.remote.url}: {exc}; {what} locally")
+        self._warn(f"remote {self.location}: {exc}; {what} locally")
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -168,7 +165,7 @@ class Tier:
         validate: Validator | None,
         map_payload: bool,
     ) -> BlobOutcome:
-        """``Store.get_or_create`` with the remote between the local store and ``produce``."""
+        """``get_or_create`` with the remote between the local store and ``produce``."""
         fetched: list[_Fetched] = []
 
         def obtain(path: Path) -> ProducedBlob:
@@ -182,9 +179,7 @@ class Tier:
             if not fetched and validate is not None:  # a fetched payload was checked already
                 validate(path)
 
-        outcome = self.store.get_or_create_local(
-            key, obtain, validate=check, map_payload=map_payload
-        )
+        outcome = self.front.get_or_create(key, obtain, validate=check, map_payload=map_payload)
         if fetched:
             return dataclasses.replace(outcome, fetched=True, fetch_s=fetched[-1].seconds)
         if not outcome.hit and outcome.stored:
@@ -196,7 +191,7 @@ class Tier:
         key: BlobKey,
         path: Path,
         validate: Validator | None,
-        errors: list[RemoteError] | None = None,
+        errors: list[StoreError] | None = None,
     ) -> _Fetched | None:
         """The remote's payload of ``key`` at ``path``, verified and (with ``validate``)
         importable; None when it has none or failed (warned, or added to ``errors``)."""
@@ -207,8 +202,8 @@ class Tier:
         short = key.hex[:12]
         began = time.perf_counter()
         try:
-            manifest = self.remote.fetch(key, path)
-        except RemoteError as exc:
+            record = self.remote.get(key, path)
+        except StoreError as exc:
             if errors is None:
                 self._failed(f"compiling {short}", exc)
             else:
@@ -216,8 +211,8 @@ class Tier:
                 if isinstance(exc, RemoteUnavailableError):
                     self._down = str(exc)
             return None
-        if manifest is None:
-            self._count(counters.STAT_REMOTE_MISSES)
+        if record is None:
+            self.front.count(counters.STAT_REMOTE_MISSES)
             return None
         fetch_s = time.perf_counter() - began
         if validate is not None:
@@ -233,42 +228,42 @@ class Tier:
                 else:
                     errors.append(refused)
                 return None
-        size = manifest.payload.size_bytes
-        self._count(counters.STAT_REMOTE_HITS)
-        self._count(counters.STAT_REMOTE_FETCHED_BYTES, size)
-        self._count(counters.STAT_REMOTE_FETCH_US, round(fetch_s * 1e6))
-        self._count(counters.STAT_REMOTE_SAVED_US, manifest.compile_us)
+        size = record.size_bytes
+        self.front.count(counters.STAT_REMOTE_HITS)
+        self.front.count(counters.STAT_REMOTE_FETCHED_BYTES, size)
+        self.front.count(counters.STAT_REMOTE_FETCH_US, round(fetch_s * 1e6))
+        self.front.count(counters.STAT_REMOTE_SAVED_US, round(record.compile_s * 1e6))
         metadata = {
-            **manifest.metadata,
-            FETCHED_FROM: self.remote.url,
+            **record.metadata,
+            FETCHED_FROM: self.location,
             FETCH_S: f"{fetch_s:.6f}",
         }
         produced = ProducedBlob(
-            compile_s=manifest.compile_s,
+            compile_s=record.compile_s,
             metadata=metadata,
             size_bytes=size,
-            checksum=manifest.payload.xxh3_128,
+            checksum=record.checksum,
         )
         return _Fetched(produced, fetch_s)
 
-    def has(self, key: BlobKey) -> bool:
+    def contains(self, key: BlobKey) -> bool:
         """Whether the remote names ``key`` (a hint: nothing is verified); False if down."""
         if self._down is not None:
             return False
         try:
-            return self.remote.has(key)
-        except RemoteError as exc:
+            return self.remote.contains(key)
+        except StoreError as exc:
             self._failed("working", exc)
             return False
 
-    def manifest(self, key: BlobKey) -> Manifest | None:
-        """The remote's verified manifest of ``key`` (its compile time, payload size and
-        metadata); None if absent, or failed (warned)."""
+    def record(self, key: BlobKey) -> BlobRecord | None:
+        """The remote's record of ``key`` (its compile time, payload size and metadata,
+        from a verified manifest); None if absent, or failed (warned)."""
         if self._down is not None:
             return None
         try:
-            return self.remote.manifest(key)
-        except RemoteError as exc:
+            return self.remote.record(key)
+        except StoreError as exc:
             self._failed("working", exc)
             return None
 
@@ -278,25 +273,28 @@ class Tier:
         """Queue the upload of a blob just committed; returns at once."""
         if self.remote.read_only or self._down is not None or outcome.checksum is None:
             return
-        meta = {k: v for k, v in outcome.metadata.items() if k not in (FETCHED_FROM, FETCH_S)}
+        record = BlobRecord(
+            hex=key.hex,
+            components=key.components,
+            size_bytes=outcome.size_bytes,
+            checksum=outcome.checksum,
+            compile_s=outcome.compile_s,
+            metadata=_shareable(outcome.metadata),
+        )
         with self._lock:
             if self._closed:
                 return
             if self._uploader is None:
                 self._uploader = ThreadPoolExecutor(1, thread_name_prefix="ovspec-upload")
-            future = self._uploader.submit(
-                self._upload_quietly, key, outcome.path, outcome.checksum, outcome.compile_s, meta
-            )
+            future = self._uploader.submit(self._upload_quietly, key, outcome.path, record)
             self._uploads.append(future)
 
-    def _upload_quietly(
-        self, key: BlobKey, path: Path, checksum: str, compile_s: float, metadata: dict[str, str]
-    ) -> None:
+    def _upload_quietly(self, key: BlobKey, path: Path, record: BlobRecord) -> None:
         if self._down is not None:
             return
         try:
-            self._upload(key, path, checksum, compile_s, metadata)
-        except RemoteError as exc:
+            self._upload(key, path, record)
+        except StoreError as exc:
             if self.strict:
                 with self._lock:
                     self._upload_error = self._upload_error or exc
@@ -306,31 +304,22 @@ class Tier:
             # Evicted, removed or changed since its commit: nothing verified to upload.
             log.debug("not uploading %s: %s", key.hex[:12], exc)
         except Exception as exc:  # a bug, or a client error of a kind not mapped yet
-            self._warn(f"upload of blob {key.hex[:12]} to {self.remote.url} failed ({exc!r})")
+            self._warn(f"upload of blob {key.hex[:12]} to {self.location} failed ({exc!r})")
 
-    def _upload(
-        self, key: BlobKey, path: Path, checksum: str, compile_s: float, metadata: Mapping[str, str]
-    ) -> Transfer:
+    def _upload(self, key: BlobKey, path: Path, record: BlobRecord) -> Transfer:
         began = time.perf_counter()
-        # The inode open now is the one hashed and sent, whatever replaces the name.
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        with open(fd, "rb") as file:
-            published = self.remote.publish(key, file, compile_s, metadata, expected_xxh3=checksum)
+        put = self.remote.put(key, path, record)
         seconds = time.perf_counter() - began
         with self._lock:
-            self.uploaded += published.outcome is PublishOutcome.PUBLISHED
-            self.uploaded_bytes += published.uploaded_bytes
-        if published.outcome is PublishOutcome.PUBLISHED:
-            self._count(counters.STAT_REMOTE_UPLOADS)
-        if published.uploaded_bytes:
-            self._count(counters.STAT_REMOTE_UPLOADED_BYTES, published.uploaded_bytes)
-            self._count(counters.STAT_REMOTE_UPLOAD_US, round(seconds * 1e6))
-        status = (
-            TransferStatus.PUBLISHED
-            if published.outcome is PublishOutcome.PUBLISHED
-            else TransferStatus.ON_REMOTE
-        )
-        return Transfer(key.hex, status, published.uploaded_bytes, seconds)
+            self.uploaded += put.stored
+            self.uploaded_bytes += put.moved_bytes
+        if put.stored:
+            self.front.count(counters.STAT_REMOTE_UPLOADS)
+        if put.moved_bytes:
+            self.front.count(counters.STAT_REMOTE_UPLOADED_BYTES, put.moved_bytes)
+            self.front.count(counters.STAT_REMOTE_UPLOAD_US, round(seconds * 1e6))
+        status = TransferStatus.PUBLISHED if put.stored else TransferStatus.ON_REMOTE
+        return Transfer(key.hex, status, put.moved_bytes, seconds)
 
     def wait_for_uploads(self) -> None:
         """Block until every queued upload is done; strict: raise the first failure."""
@@ -358,21 +347,17 @@ class Tier:
 
     def push(self, key: BlobKey) -> Transfer:
         """Upload the local blob of ``key``, checked against its local checksum."""
-        short = key.hex[:12]
-        try:
-            entry = self.store.get_row(key.hex)
-        except (ValueError, *INDEX_ERRORS) as exc:  # type: ignore[misc]
-            raise StoreError(f"blob store {self.store.root}: cannot read {short} ({exc})") from exc
-        if entry is None or entry.components != key.components:
+        entry = self.front.record(key)
+        if entry is None:
             return Transfer(key.hex, TransferStatus.MISSING, note="not in the local store")
         if self._down is not None:
             return Transfer(key.hex, TransferStatus.UNAVAILABLE, note=self._down)
+        record = dataclasses.replace(entry, metadata=_shareable(entry.metadata))
         try:
-            metadata = {k: v for k, v in entry.metadata.items() if k not in (FETCHED_FROM, FETCH_S)}
-            return self._upload(key, entry.path, entry.checksum, entry.compile_s, metadata)
+            return self._upload(key, entry.path, record)
         except RemoteUnavailableError as exc:
             self._down = str(exc)
-            self._count(counters.STAT_REMOTE_FAILURES)
+            self.front.count(counters.STAT_REMOTE_FAILURES)
             return Transfer(key.hex, TransferStatus.UNAVAILABLE, note=str(exc))
         except ValueError as exc:
             return Transfer(
@@ -385,10 +370,13 @@ class Tier:
 
     def pull(self, key: BlobKey, validate: Validator | None) -> Transfer:
         """Fetch ``key`` into the local store unless it is there; never compiles."""
-        self.store.require_writable("pull blobs into it")
-        if self.store.peek(key):
+        if self.front.read_only:
+            raise StoreError(
+                f"blob store {self.front.root} is read-only here; cannot pull blobs into it"
+            )
+        if self.front.contains(key):
             return Transfer(key.hex, TransferStatus.LOCAL)
-        errors: list[RemoteError] = []
+        errors: list[StoreError] = []
         fetched: list[_Fetched] = []
 
         def obtain(path: Path) -> ProducedBlob:
@@ -399,14 +387,14 @@ class Tier:
             return got.produced
 
         try:
-            outcome = self.store.get_or_create_local(key, obtain, validate=None, map_payload=False)
+            outcome = self.front.get_or_create(key, obtain, validate=None, map_payload=False)
         except _NotFetched:
             if not errors:
                 return Transfer(key.hex, TransferStatus.MISSING, note="not on the remote")
             error = errors[0]
             if isinstance(error, RemoteUnavailableError):
                 return Transfer(key.hex, TransferStatus.UNAVAILABLE, note=str(error))
-            self._count(counters.STAT_REMOTE_REFUSED)
+            self.front.count(counters.STAT_REMOTE_REFUSED)
             return Transfer(key.hex, TransferStatus.REFUSED, note=str(error))
         if not fetched:
             return Transfer(key.hex, TransferStatus.LOCAL)  # another process stored it first

@@ -28,6 +28,7 @@ from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import Specialization
 from ovspec.store.digests import DigestMemo
+from ovspec.store.keys import BlobKey
 from ovspec.store.local import Store, StoreWarning
 
 SPEC = Specialization.decode(32)
@@ -145,15 +146,16 @@ def test_a_stored_blob_that_does_not_import_is_quarantined_and_rebuilt(
     store = Store(tmp_path / "store", strict=True)
     compiler = make(tiny_dir, store)
     built = compiler.build(SPEC)
-    entry = store.get_row(built.key_hex)
-    assert entry is not None
-    data = entry.path.read_bytes()[: entry.size_bytes // 2]
-    entry.path.write_bytes(data)
+    entry = store.find(built.key_hex)
+    half = tmp_path / "half.blob"
+    half.write_bytes(entry.path.read_bytes()[: entry.size_bytes // 2])
     from ovspec.store.digests import digest_file
 
-    poisoned = dataclasses.replace(entry, size_bytes=len(data), checksum=digest_file(entry.path))
-    store.files.write_sidecar(poisoned)
-    store.set_row(poisoned)
+    poisoned = dataclasses.replace(
+        entry, size_bytes=half.stat().st_size, checksum=digest_file(half)
+    )
+    assert store.remove(entry.hex)
+    assert store.local.put(BlobKey(entry.components), half, poisoned).stored
     assert store.check() == []  # the poison verifies: only an import can tell
 
     again = make(tiny_dir, store)

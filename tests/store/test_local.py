@@ -21,6 +21,7 @@ import pytest
 from waiting import wait_until
 
 from ovspec.errors import StoreError
+from ovspec.store.index import Index
 from ovspec.store.keys import COMPONENT_NAMES, BlobKey
 from ovspec.store.layout import StoreLayout
 from ovspec.store.local import STORE_FORMAT_VERSION, ProducedBlob, Store, StoreWarning
@@ -453,7 +454,7 @@ def test_failure_after_the_rename_rolls_back(store: Store, monkeypatch: pytest.M
     def broken_set(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(lenient, "set_row", broken_set)
+    monkeypatch.setattr(Index, "set_row", broken_set)
     with pytest.warns(StoreWarning):
         outcome = lenient.get_or_create(make_key("late"), writer(data))
     assert not outcome.stored and outcome.path.read_bytes() == data

@@ -70,7 +70,7 @@ def test_publish_then_fetch(remote: Remote, tmp_path: Path) -> None:
         published = remote.publish(key, f, 3.0, {"device": "CPU"})
     assert published.outcome is PublishOutcome.PUBLISHED
     assert published.uploaded_bytes == 12 << 20
-    assert remote.has(key) and remote.list() == [key.hex]
+    assert remote.contains(key) and list(remote.hexes()) == [key.hex]
     fresh = Remote(remote.backend)  # another client: no manifest cached
     m = fresh.fetch(key, tmp_path / "got")
     assert m is not None and m.compile_s == 3.0 and m.metadata == {"device": "CPU"}
@@ -221,7 +221,7 @@ def test_read_only_clients_never_write(seaweed: SeaweedServer, tmp_path: Path) -
     server_side = remote_for(seaweed, prefix, reader=True)  # an identity with Read, List only
     with pytest.raises(RemoteUnavailableError, match="permission denied"), src.open("rb") as f:
         server_side.publish(make_key("ro"), f, 1.0, {})
-    assert remote_for(seaweed, prefix).list() == []
+    assert list(remote_for(seaweed, prefix).hexes()) == []
     publish(remote_for(seaweed, prefix), make_key("ro"), src)
     assert client_side.fetch(make_key("ro"), tmp_path / "a") is not None
     assert server_side.fetch(make_key("ro"), tmp_path / "b") is not None
@@ -332,9 +332,9 @@ def _killed(child: subprocess.Popen[str]) -> None:
 def _nothing_visible(server: SeaweedServer, prefix: str, tag: str, tmp_path: Path) -> None:
     reader = remote_for(server, prefix)
     key = make_key(tag)
-    assert not reader.has(key)
+    assert not reader.contains(key)
     assert reader.fetch(key, tmp_path / "got") is None
-    assert reader.list() == []
+    assert list(reader.hexes()) == []
 
 
 def test_an_uploader_killed_during_a_single_put_leaves_nothing(
