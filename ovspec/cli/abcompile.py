@@ -16,6 +16,7 @@ from ovspec.cli.options import (
     chunk_option,
     emit_json,
     json_option,
+    model_folder,
 )
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
@@ -177,11 +178,9 @@ def ab_compile(
       ovspec ab-compile MODEL --a-python /opt/ov-stock/bin/python \\
           --b-python /opt/ov-patched/bin/python --device NPU --config NPU_PLATFORM=4000
     """
-    from ovspec.ir.model_dir import resolve_model
     from ovspec.ir.specialize import Phase
     from ovspec.stats.orders import Arm
     from ovspec.store.digests import DigestMemo
-    from ovspec.store.local import Store
     from ovspec.trials.arms import load_arms, make_arm
     from ovspec.trials.records import TrialPlan, model_digest, specializations_for
     from ovspec.trials.report import build_report, format_report, report_to_dict, write_plot
@@ -215,10 +214,9 @@ def ab_compile(
             common_properties=config,
         )
 
-    root = cache_dir if cache_dir is not None else Store.default_root()
-    # Built-in models are written under the cache folder; the store itself is not
-    # opened: no compile of a trial may be a store hit.
-    model_dir = resolve_model(model, root / "models")
+    # A built-in model is written into the store's models folder (the store is opened
+    # for that only): no compile of a trial may be a store hit.
+    model_dir = model_folder(model, cache_dir)
     rungs.check_fits(model_dir.max_position_embeddings)
     memo = DigestMemo()
     plan = TrialPlan(

@@ -89,7 +89,7 @@ def build(
     # Validate before the store is opened, so bad input leaves it untouched; a built-in
     # model or a GGUF file is the exception: its IR is written into the store's models/.
     store = open_store(root, remote) if writes_into_store(model) else None
-    model_dir = resolve_model(model, store.models_folder if store else root / "models")
+    model_dir = resolve_model(model, store.models_folder if store else None)
     plan = BuildPlan(
         model=model_dir,
         ladder=ladder,

@@ -85,14 +85,14 @@ def spec_label(entry: StoreEntry) -> str:
         return text
 
 
-def model_label(entry: StoreEntry, store_root: Path) -> str:
+def model_label(entry: StoreEntry, store: Store) -> str:
     """The model an entry was built from: ``builtin:tiny`` for a model the store wrote,
     else the folder's name."""
     recorded = entry.metadata.get("model", "")
     if not recorded:
         return "?"
     path = Path(recorded)
-    if path.parent == store_root / "models":
+    if store.wrote_model(path):
         preset, _, _digest = path.name.rpartition("-")
         return f"builtin:{preset}" if preset else path.name
     return path.name
@@ -116,7 +116,7 @@ def ls(cache_dir: Path | None, as_json: bool) -> None:
                     {
                         **e.to_json(),
                         "label": spec_label(e),
-                        "model_label": model_label(e, store.root),
+                        "model_label": model_label(e, store),
                     }
                     for e in entries
                 ]
@@ -129,7 +129,7 @@ def ls(cache_dir: Path | None, as_json: bool) -> None:
             [
                 e.hex[:_HEX_SHOWN],
                 _cell(spec_label(e)),
-                _cell(model_label(e, store.root)),
+                _cell(model_label(e, store)),
                 _cell(e.values().get("device", "")),
                 human_bytes(e.size_bytes),
                 f"{e.compile_s:.2f}",
@@ -309,15 +309,11 @@ def _resolve(store: Store, reference: str, model: str | None) -> StoreEntry:
         return store.find(reference)
     matches = [e for e in store.entries() if spec_label(e) == reference]
     if model is not None:
-        matches = [
-            e for e in matches if model in (model_label(e, store.root), e.metadata.get("model"))
-        ]
+        matches = [e for e in matches if model in (model_label(e, store), e.metadata.get("model"))]
     if not matches:
         raise StoreError(f"no entry is {reference!r}; see `ovspec cache ls`")
     if len(matches) > 1:
-        shown = ", ".join(
-            f"{e.hex[:_HEX_SHOWN]} ({model_label(e, store.root)})" for e in matches[:4]
-        )
+        shown = ", ".join(f"{e.hex[:_HEX_SHOWN]} ({model_label(e, store)})" for e in matches[:4])
         raise StoreError(
             f"{len(matches)} entries are {reference!r}: {shown}; give a key prefix or --model"
         )

@@ -208,7 +208,7 @@ def generate(
     # a GGUF file, whose IR is written into the store's models/ folder.
     store = open_store(root, remote) if writes_into_store(model) else None
     try:
-        model_dir = resolve_model(model, store.models_folder if store else root / "models")
+        model_dir = resolve_model(model, store.models_folder if store else None)
         codec = TextCodec.for_model(model_dir, model)
         if chat is not None:
             prompt_ids = chat_prompt_ids(model_dir, chat, model)

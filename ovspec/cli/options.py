@@ -290,7 +290,7 @@ def model_folder(model: str, cache_dir: Path | None) -> ModelDir:
     root = cache_dir if cache_dir is not None else Store.default_root()
     store = Store(root) if writes_into_store(model) else None
     try:
-        return resolve_model(model, root / "models")
+        return resolve_model(model, store.models_folder if store is not None else None)
     finally:
         if store is not None:
             store.close()

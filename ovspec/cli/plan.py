@@ -194,7 +194,7 @@ def plan(
         root = cache_dir if cache_dir is not None else Store.default_root()
         store = open_store(root, remote)
         try:
-            model_dir = resolve_model(model, root / "models")
+            model_dir = resolve_model(model, store.models_folder)
             model_root = str(model_dir.root)
             ladder.check_fits(model_dir.max_position_embeddings)
             if measure_flag:

@@ -157,11 +157,14 @@ def gguf_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def import_gguf(path: str | Path, models_root: Path) -> Path:
-    """The IR folder of a GGUF file, built once through openvino-genai; returns the folder."""
+def import_gguf(path: str | Path, models_root: Path | None) -> Path:
+    """The IR folder of a GGUF file, built once through openvino-genai under
+    ``models_root`` (None: no store is open to build it into); returns the folder."""
     source = Path(path).expanduser()
     if not source.is_file():
         raise ModelError(f"GGUF file {source} does not exist")
+    if models_root is None:
+        raise ModelError(f"the IR of {source} is written into a store's models folder; open one")
     header = read_gguf_header(source)
     _check_readable(source, header)
     digest = gguf_digest(source)

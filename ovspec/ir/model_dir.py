@@ -111,15 +111,19 @@ def writes_into_store(reference: str) -> bool:
     return reference.startswith(BUILTIN_PREFIX) or gguf
 
 
-def resolve_model(reference: str, models_root: Path) -> ModelDir:
+def resolve_model(reference: str, models_root: Path | None) -> ModelDir:
     """A model folder path, a ``.gguf`` file (its IR built once under ``models_root``), or
-    ``builtin:PRESET`` (written once under ``models_root``)."""
+    ``builtin:PRESET`` (written once under ``models_root``). ``models_root`` None: the
+    caller opened no store, so a reference that writes one (``writes_into_store``) is
+    refused."""
     from ovspec.ir.gguf import import_gguf, is_gguf_reference
 
     if is_gguf_reference(reference):
         return ModelDir.open(import_gguf(reference, models_root))
     if not reference.startswith(BUILTIN_PREFIX):
         return ModelDir.open(reference)
+    if models_root is None:
+        raise ModelError(f"{reference} is written into a store's models folder; open a store")
     # Imported here: building a model needs openvino, a plain path does not.
     from ovspec.testing import PRESETS, write_model
 
