@@ -1,8 +1,7 @@
 """The persistent, content-addressed blob store and what names its blobs.
 
-Owns blob keys (named components), file digests, the storage interface every level
-implements (``storage``), the local folder (``disk``), the S3 remote (``remote``), the
-two composed (``tier``) and ``Store``, what callers open (``local``). Never OpenVINO.
+Keys and digests; the interface every level implements (``storage``); the local folder
+(``disk``), the S3 remote (``remote``), both composed (``tier``); ``Store`` (``local``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Where the remote tier's endpoint, region and credentials come from: the standard AWS
+"""Where the remote's endpoint, region and credentials come from: the standard AWS
 variables, then the standard AWS files (obstore reads the variables but not the files).
-
-Supported: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
-``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``,
-``AWS_PROFILE``, ``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``, and in those files a
-profile's static keys, ``region`` and ``endpoint_url`` (top level or under ``s3 =``).
-Not supported from files: SSO, ``credential_process``, ``role_arn`` (refused in one line);
-with nothing configured, obstore's own chain runs (web identity, ECS, instance metadata).
 """
 
 from __future__ import annotations
@@ -67,7 +60,15 @@ def _nested(value: str, name: str) -> str | None:
 
 def resolve(environ: Mapping[str, str] | None = None, home: Path | None = None) -> AwsSettings:
     """The settings the AWS tools would use for S3, in their order of precedence:
-    variables first, then the profile's credentials file, then its config file."""
+    variables first, then the profile's credentials file, then its config file.
+
+    Read: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
+    ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``,
+    ``AWS_PROFILE``, ``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``, and in those
+    files a profile's static keys, ``region`` and ``endpoint_url`` (top level or under
+    ``s3 =``). Refused from files, in one line: SSO, ``credential_process``,
+    ``role_arn``. With nothing configured, obstore's own chain runs (web identity, ECS,
+    instance metadata)."""
     env = os.environ if environ is None else environ
     home = Path.home() if home is None else home
     profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"

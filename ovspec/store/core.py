@@ -1,8 +1,5 @@
-"""One open store folder, as the local store's modules share it: the folder's layout,
-access, index, entry files and key locks, and how faults are reported.
-
-The read path (``lookup``), repairs (``healing``), writes (``publish``), listing and
-maintenance all take a ``StoreCore``; ``disk.DiskStore`` is the level built on it.
+"""One open store folder as the local store's modules share it: its layout, access,
+index, entry files and key locks, and how faults are reported (warn, fail open, strict).
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""File digests for blob keys, memoized so a 1 GB weights file is hashed once.
-
-The memo is keyed on the file's identity: resolved path, device, inode, size, mtime and
-ctime. ctime matters: ``touch -d`` (or ``os.utime``) can put an edited file's mtime
-back, but nothing short of changing the clock can restore its ctime (issue 10: an
-in-place weights edit with its timestamp restored kept the old key, so full blobs
-holding the old weights were served for the new ones).
-
-It lives in memory and, when given a folder, in one small JSON file per model file, so
-later processes skip the hash too. The memo is an optimization only: a memo file that
-is missing, unreadable, malformed or for another identity is ignored and the file is
-hashed; a memo that cannot be written is not written. Nothing read from it is trusted
-beyond "this identity had this digest", and it is never read from a store another user
-can write (the store passes no folder then).
+"""File digests for blob keys, memoized by file identity (path, device, inode, size,
+mtime, ctime) in memory and, given a folder, in one small JSON file per model file.
 """
 
 from __future__ import annotations
@@ -69,7 +57,16 @@ def identity_of(path: Path) -> Identity:
 
 
 class DigestMemo:
-    """Remembers file digests by identity (path, device, inode, size, mtime, ctime)."""
+    """Remembers file digests by identity (path, device, inode, size, mtime, ctime).
+
+    ctime matters: ``touch -d`` (or ``os.utime``) can put an edited file's mtime back,
+    but nothing short of changing the clock restores its ctime, so an in-place weights
+    edit always gets a new digest (and new keys). The memo is an optimization only: a
+    memo file that is missing, unreadable, malformed or for another identity is ignored
+    and the file hashed; one that cannot be written is not. Nothing read from it is
+    trusted beyond "this identity had this digest", and the store passes no folder when
+    another user may write it.
+    """
 
     def __init__(self, folder: Path | None = None, *, read_only: bool = False) -> None:
         self._memory: dict[Identity, str] = {}

@@ -1,10 +1,6 @@
 """The local level of the store: one folder on this machine, one payload file per key.
-
-Implements ``storage.BlobStorage`` and what only a local folder can offer: verified
-reads mapped in place (``lookup``, ``get_or_create``), a producer run once per key under
-the key's lock, and upkeep (check, gc, clear). The pieces live beside it: opening and
-shared state ``core``, reads ``lookup``, repairs ``healing``, writes ``publish``,
-listing ``listing``, upkeep ``maintenance``. OpenVINO is never imported here.
+Implements ``storage.BlobStorage`` plus what only a local folder offers: reads mapped in
+place, a producer run once per key under the key's lock, and upkeep (check, gc, clear).
 """
 
 from __future__ import annotations

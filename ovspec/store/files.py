@@ -1,10 +1,5 @@
-"""The files of one entry: its payload, its sidecar, and moving them aside.
-
-Hashing and verifying payloads, reading and atomically writing sidecars (temp ->
-fsync -> rename), quarantine and deletion. The caller holds the key's lock for
-anything that changes files. Nothing here follows a link: payloads and sidecars are
-opened with O_NOFOLLOW, and a link, a folder or anything else that is not a regular
-file where one should be is treated as damage (moved aside), never read through.
+"""The files of one entry: hashing and verifying its payload, reading and atomically
+writing its sidecar, quarantine and deletion. Nothing here follows a link.
 """
 
 from __future__ import annotations
@@ -119,7 +114,10 @@ def map_verified(entry: StoreEntry) -> tuple[Verdict, mmap.mmap | None]:
 
 
 class EntryFiles:
-    """Payload and sidecar operations under one store layout."""
+    """Payload and sidecar operations under one store layout. The caller holds the key's
+    lock for anything that changes files. Payloads and sidecars are opened with
+    O_NOFOLLOW; a link, a folder or anything else that is not a regular file where one
+    should be is damage (moved aside), never read through."""
 
     def __init__(self, layout: StoreLayout) -> None:
         self.layout = layout

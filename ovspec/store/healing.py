@@ -1,10 +1,6 @@
 """What a read does with an entry that is not right: re-index a payload whose row is
 lost (from its verified sidecar), drop an entry whose payload is gone, quarantine one
 whose bytes are corrupt or that its consumer cannot use.
-
-Each takes the key's lock (non-blocking: a busy key is being rebuilt by its holder)
-and re-checks under it, so an entry another process just rebuilt is left alone. A
-read-only store changes nothing: it only warns.
 """
 
 from __future__ import annotations
@@ -27,7 +23,12 @@ _IO_ERRORS_OR_MALFORMED: tuple[type[BaseException], ...] = (*INDEX_ERRORS, Value
 def discard_bad(
     store: StoreCore, hex_: str, seen: StoreEntry, verdict: Verdict, *, held: bool
 ) -> None:
-    """A payload that failed verification: drop (missing) or quarantine (corrupt)."""
+    """A payload that failed verification: drop (missing) or quarantine (corrupt).
+
+    Every repair here takes the key's lock without waiting (a busy key is being rebuilt
+    by its holder) and re-checks under it, so an entry another process just rebuilt is
+    left alone. A read-only store changes nothing: it only warns.
+    """
     if verdict is Verdict.MISSING and not store.index.has_row(hex_):
         return  # removed by another process (evicted, cleared) meanwhile: a plain miss
     if store.read_only:

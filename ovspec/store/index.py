@@ -1,15 +1,6 @@
-"""The store's index: one row per entry, persistent counters and settings, in SQLite.
-
-Rows are JSON text keyed by the blob hex; what a row must hold is
-``records.entry_from_json``'s business, not the index's. The index is only a fast
-path: every row repeats what its blob's sidecar says, so a lost row, or a lost index,
-is rebuilt from the sidecars (``maintenance.rebuild_index``).
-
-Plain ``sqlite3`` with a fixed schema of text and number columns, on purpose: the
-index of store format 1 was a diskcache, which pickles values and follows file names
-stored in its rows, so anyone who could write the index could run code as whoever
-read it (issue 10). Nothing here unpickles, evaluates or follows anything read from
-the file; a database whose schema is not exactly ours is treated as damaged.
+"""The store's index in plain SQLite: one row per entry (JSON text), persistent counters
+and settings, a fixed schema. Only a fast path: every row repeats its blob's sidecar, so
+a lost row or index is rebuilt from the sidecars.
 """
 
 from __future__ import annotations
@@ -36,7 +27,7 @@ STAT_MISSES = "misses"
 STAT_SAVED_US = "saved_us"  # integer microseconds: sums stay exact
 STAT_EVICTIONS = "evictions"
 STAT_QUARANTINED = "quarantined"
-# The remote tier's (issue 14), counted by the local store that moved the bytes.
+# The remote's, counted by the local store that moved the bytes.
 STAT_REMOTE_HITS = "remote_hits"
 STAT_REMOTE_MISSES = "remote_misses"
 STAT_REMOTE_REFUSED = "remote_refused"
@@ -89,6 +80,10 @@ INDEX_ERRORS: tuple[type[BaseException], ...] = (OSError, sqlite3.Error, IndexDa
 
 class Index:
     """Rows, counters and settings in one SQLite file (or in memory).
+
+    A fixed schema of text and number columns: nothing read from the file is unpickled,
+    evaluated or followed, and a database whose schema is not exactly ours is damage
+    (``IndexDamaged``). What a row must hold is ``records.entry_from_json``'s business.
 
     ``read_only``: opened ``mode=ro``, or ``immutable`` on a read-only filesystem
     (SQLite then takes no locks, which a read-only mount cannot hold anyway); writes

@@ -1,8 +1,6 @@
-"""Blob keys: an ordered list of named components, hashed with xxh3-128.
-
-Each component is a short canonical text (or the digest of something large). The
-key names every input that can change a blob and nothing else, so "why did this
-miss?" is answered by ``explain`` naming the components that differ.
+"""Blob keys: an ordered list of named components, hashed with xxh3-128. A key names
+every input that can change a blob and nothing else; ``explain`` names the components
+two keys differ in ("why did this miss?").
 """
 
 from __future__ import annotations

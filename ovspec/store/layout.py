@@ -1,8 +1,6 @@
-"""The store's folder on disk: where each file lives, and the FORMAT stamp.
-
-Owns the names under the root (cache/README.md is the contract), the patterns that
-tell a file the store wrote from anything else, and creating or checking the stamp
-that says which store format a folder holds.
+"""The store's folder on disk: the names under the root (cache/README.md is the
+contract), the patterns that tell the store's files from anything else, and the FORMAT
+stamp saying which store format a folder holds.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from ovspec.errors import StoreError, arg
 
 # History: 1 — first layout (2026-11): diskcache index, blobs/<hex[:2]>/ with JSON
 # sidecars, tmp/, quarantine/, locks/.
-# 2 — (2026-12, issue 10) the index is plain SQLite (index/index.sqlite3: text and
+# 2 — (2026-12) the index is plain SQLite (index/index.sqlite3: text and
 # number columns, no pickles); folders are created owner-only; the digest memo is one
 # JSON file per model file. Blobs and sidecars are unchanged, so a format-1 store is
 # migrated on its first writable open: its diskcache index is deleted unread and

@@ -1,9 +1,6 @@
-"""The store a process opens: the local folder, and a remote level behind it when given.
-
-``Store`` is what the rest of ovspec holds. It composes ``disk.DiskStore`` (the folder:
-verified reads, the per-key lock, upkeep) and, with a remote, ``tier.Tier`` (fetch on a
-miss, upload after a compile); it answers the questions callers ask (a key's record,
-the models folder, a digest memo) without handing out either level's internals.
+"""``Store``, what the rest of ovspec opens: the local folder (``disk.DiskStore``) and, when
+given, a remote level behind it (``tier.Tier``). It answers callers' questions (a key's
+record, the models folder, a digest memo) without handing out either level's internals.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Per-key cross-process locks: an exclusive ``flock`` on ``locks/<hex>.lock``.
-
-``fcntl.flock`` needs a local filesystem (it is unreliable over NFS, and so is
-SQLite's locking under the index). The kernel drops a flock when its holder dies, so
-a killed producer never wedges a key. flock locks belong to an open file description,
-so two threads of one process exclude each other as long as each opens the lock file
-itself, which ``KeyLock`` does.
-
-A holder that is alive but not running (stopped with SIGSTOP, or a zombie) keeps its
-lock, so waits are bounded (``LockPolicy``): the holder writes its pid into the lock
-file, and a waiter that gives up says whose lock it was (issue 10).
+"""Per-key cross-process locks: an exclusive ``flock`` on ``locks/<hex>.lock``, dropped by
+the kernel when its holder dies; waits are bounded (``LockPolicy``) and a waiter that
+gives up names the holder's pid.
 """
 
 from __future__ import annotations
@@ -105,6 +97,10 @@ def process_state(pid: int | None) -> str:
 
 class KeyLock:
     """An exclusive ``flock`` on one lock file; one fd per acquisition.
+
+    flock needs a local filesystem (it is unreliable over NFS, as is SQLite's locking
+    under the index). It belongs to an open file description, so two threads of one
+    process exclude each other because each acquisition opens the file itself.
 
     gc() may unlink an idle lock file while holding it, so after locking we check
     that the path still names the inode we locked, and retry otherwise (the

@@ -1,8 +1,6 @@
-"""The local store's verified read: the one way a stored entry is handed out.
-
-Row (re-indexed from its sidecar when lost), components checked against the key, the
-payload mapped and hashed, the access time kept. An entry that fails any step goes to
-``healing`` and the read is a miss. Hits and misses are counted by the caller.
+"""The local store's verified read, the one way a stored entry is handed out: the row
+(re-indexed from its sidecar when lost), its key checked, the payload mapped and hashed,
+the access time kept; an entry that fails a step goes to ``healing`` and reads as a miss.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Keeping a store healthy: the self-check, eviction, garbage collection, clearing.
-
-``check`` compares index rows, payloads, sidecars and temps key by key and names
-each problem (repairing it with ``fix``); ``gc`` repairs, evicts to the size limit and
-drops idle locks and old quarantine; ``clear`` empties the store but its settings.
-Each runs under the caller's ``StoreCore.locked_io``.
-
-Every walk is ``lstat``-based and stays below the root: a link found inside the store
-is reported and, when repairing, removed (the link, never its target); no folder is
-entered through a link, so nothing a link points at is ever deleted.
+"""Keeping a store healthy: the self-check (``check``; ``fix`` repairs), LRU eviction,
+garbage collection and clearing. Every walk is ``lstat``-based and stays below the root:
+a link inside the store is reported and removed, never followed.
 """
 
 from __future__ import annotations

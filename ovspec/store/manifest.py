@@ -1,8 +1,6 @@
-"""The remote tier's record of one blob, and what makes it trustworthy.
-
-Owns the manifest (format, parsing that trusts no field it has not checked, canonical
-JSON), the payload description (size, sha256, xxh3-128 in one pass) and HMAC-SHA256
-signing with rotating key ids, including the key file. No network and no obstore here.
+"""The remote's record of one blob and what makes it trustworthy: the manifest (format,
+parsing that trusts no unchecked field, canonical JSON), the payload's description (size,
+sha256, xxh3-128 in one pass) and HMAC-SHA256 signing with rotating key ids.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Opening a store folder: refuse what is not safe, migrate what is old, find out
-whether it can be written, and get an index that works.
-
-The order matters: ownership and links are checked (``trust``) before anything below
-the root is read; the FORMAT stamp before any folder is made; a damaged index is moved
-to quarantine and rebuilt from the sidecars (a read-only store is served from its
-sidecars in memory instead); temp files of writers that died are dropped.
+"""Opening a store folder: refuse what is not safe (before anything below the root is
+read), migrate what is old, find out whether it can be written, and get an index that
+works (a damaged one is rebuilt from the sidecars).
 """
 
 from __future__ import annotations
@@ -61,7 +57,9 @@ def not_writable(layout: StoreLayout, exc: OSError) -> StoreError:
 
 
 def prepare(layout: StoreLayout, *, trust_shared: bool, repair: bool) -> Access:
-    """Check, stamp and probe the folder; StoreError when it must not be used."""
+    """Check, stamp and probe the folder; StoreError when it must not be used. Ownership
+    and links are checked (``trust``) before anything below the root is read, and the
+    FORMAT stamp before any folder is made."""
     root = layout.root
     if not os.path.lexists(root):
         if trust_shared:

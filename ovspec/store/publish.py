@@ -1,12 +1,6 @@
-"""Turning a produced payload into a store entry, or handing it out when the store
-cannot keep it.
-
-The write path of ``DiskStore.get_or_create`` once the key's lock is held: re-check,
-produce into a temp file, prove the payload whole (the size the producer counted, not
-empty, and ``validate`` accepts it: the device imports it), then ``commit`` it (fsync,
-checksum, rename, sidecar, row) or fail open into a private temp folder outside the
-store. ``commit`` is the one way a payload enters the store, whoever made it: a
-payload fetched from a remote, or handed to ``put``, is committed the same way.
+"""The local store's write path once the key's lock is held: produce into a temp file,
+prove the payload whole, ``commit`` it (fsync, checksum, rename, sidecar, row) or fail
+open into a private temp folder. ``commit`` is the one way a payload enters the store.
 """
 
 from __future__ import annotations
@@ -49,6 +43,9 @@ Validator = Callable[[Path], None]
 def create_locked(
     store: StoreCore, key: BlobKey, produce: Producer, wait_s: float, validate: Validator | None
 ) -> BlobOutcome:
+    """Re-check, produce into a temp file, prove the payload whole (the size the producer
+    counted, not empty, and ``validate`` accepts it: the device imports it), then commit
+    it, or fail open outside the store. The caller holds the key's lock."""
     hex_ = key.hex
     try:
         # Re-check: whoever held the lock before us may have stored it.

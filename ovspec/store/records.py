@@ -1,8 +1,6 @@
-"""The store's value types and their JSON form: records, entries, outcomes, statistics.
-
-A ``BlobRecord`` is what any level of the store knows of a blob; a ``StoreEntry`` is the
-local store's (its index row and sidecar both describe one). ``entry_from_json`` is the
-one parser of either form (a malformed record is a ``ValueError``, never a crash later).
+"""The store's value types and their JSON form: ``BlobRecord`` (what any level knows of
+a blob), ``StoreEntry`` (the local store's: index row and sidecar), outcomes and
+statistics; ``entry_from_json`` parses either form (malformed: a ``ValueError``).
 """
 
 from __future__ import annotations

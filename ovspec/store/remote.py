@@ -1,13 +1,6 @@
-"""A shared remote of blobs that no client trusts: what is configured, and what is checked.
-
-Owns the configuration (``s3://bucket/prefix``, read-only, the signing key file, from
-arguments or ``OVSPEC_REMOTE*``), the interface a backend implements (bytes in and
-out, no trust decisions) and ``Remote``, a ``BlobStorage`` level that decides trust: a
-manifest must name the key asked for and carry a valid signature when this client holds
-keys; a payload must be exactly what its manifest says (size, sha256, xxh3-128) or
-nothing of it is kept. Publishing writes the payload first, under its sha256, and the
-manifest last, only if none is there: a reader never meets a partial blob, and no
-writer clobbers another. A remote takes no key locks (that is the local store's job).
+"""A shared remote that no client trusts: its configuration (``RemoteConfig``), the bytes
+interface a backend implements (``RemoteBackend``) and ``Remote``, the ``BlobStorage``
+level that checks every manifest and payload a backend returns.
 """
 
 from __future__ import annotations
@@ -117,9 +110,15 @@ class Published:
 
 
 class Remote:
-    """A remote whose every answer is checked. ``keys`` None: unsigned and signed
-    manifests are accepted (payloads are still verified against them); with keys, only
-    manifests one of them signed, and what this client publishes is signed."""
+    """A remote whose every answer is checked. A manifest must name the key asked for;
+    a payload must be exactly what its manifest says (size, sha256, xxh3-128) or nothing
+    of it is kept. ``keys`` None: unsigned and signed manifests are accepted; with keys,
+    only manifests one of them signed, and what this client publishes is signed.
+
+    Publishing writes the payload first, under its sha256, and the manifest last, only
+    if none is there: a reader never meets a partial blob, and no writer clobbers
+    another. No key locks: two machines may compile one key; the first manifest wins.
+    """
 
     def __init__(
         self, backend: RemoteBackend, *, keys: SigningKeys | None = None, url: str = ""

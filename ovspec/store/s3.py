@@ -1,10 +1,6 @@
-"""The remote tier's one backend: an S3-compatible bucket through obstore.
-
-Moves bytes and makes no trust decisions (``remote.Remote`` does). Imported only
-when a remote is configured, so obstore (the ``remote`` extra) is needed only then.
-Layout under ``<bucket>/<prefix>/v1/``: ``payloads/<sha256>`` (content-addressed, so
-any writer of a name writes the same bytes) and ``manifests/<key hex>.json`` (written
-last, and only if absent).
+"""The remote's one backend: an S3-compatible bucket through obstore; it moves bytes and
+decides nothing (``remote.Remote`` does). Imported only when a remote is configured, so
+obstore (the ``remote`` extra) is needed only then.
 """
 
 from __future__ import annotations
@@ -43,12 +39,12 @@ class S3Settings:
     session_token: str | None = None
     connect_timeout_s: float = 2.0
     # Manifests, HEADs and listings are small: a server that does not answer one in this
-    # long is treated as down (measured: a SIGSTOPped server fails in ~4 s, 2 attempts).
+    # long is treated as down.
     metadata_timeout_s: float = 2.0
     # Payload transfers: per read, so a slow large blob goes on and a stalled one fails.
     read_timeout_s: float = 30.0
-    # obstore's default, 10 retries with backoff, takes 3-4 s to report a refused
-    # connection (measured); a cache must fail fast and compile instead.
+    # obstore's default, 10 retries with backoff, takes seconds to report a refused
+    # connection; a cache must fail fast and compile instead.
     max_retries: int = 1
     multipart_chunk_bytes: int = 16 << 20
     multipart_concurrency: int = 4
@@ -85,7 +81,9 @@ def _unavailable(what: str) -> Iterator[None]:
 
 
 class S3Backend:
-    """The layout above on one bucket."""
+    """One bucket, under ``<prefix>/v1/``: ``payloads/<sha256>`` (content-addressed, so
+    any writer of a name writes the same bytes) and ``manifests/<key hex>.json``
+    (written last, and only if absent)."""
 
     def __init__(self, settings: S3Settings, *, read_only: bool = False) -> None:
         self.settings = settings
@@ -104,7 +102,7 @@ class S3Backend:
             "read_timeout": timedelta(seconds=s.read_timeout_s),
         }
         # Explicit client options replace those obstore would read from the environment
-        # (AWS_ALLOW_HTTP is then ignored: measured), so plain http is decided here.
+        # (AWS_ALLOW_HTTP among them), so plain http is decided here.
         if s.endpoint is not None and s.endpoint.startswith("http://"):
             client["allow_http"] = True
         small: ClientConfig = {**client, "timeout": timedelta(seconds=s.metadata_timeout_s)}
@@ -225,9 +223,9 @@ class S3Backend:
     def create_manifest(self, hex_: str, data: bytes) -> bool:
         """Write a manifest only if none is there (``If-None-Match: *``); False if one was.
 
-        A single-part PUT: SeaweedFS 4.48 makes that atomic under contention but not a
-        conditional multipart completion (measured, 2026-12), so manifests stay small.
-        Through the payload client: a new bucket's first write can stall ~5 s while the
+        A single-part PUT: servers make a conditional single PUT atomic under contention,
+        not all of them a conditional multipart completion, so manifests stay small.
+        Through the payload client: a new bucket's first write can stall while the
         server grows volumes, and publishing is not urgent.
         """
         self._require_writable(f"publishing manifest {hex_[:12]}")

@@ -1,9 +1,6 @@
-"""The interface every level of the blob store implements: what a level promises.
-
-A level (the local folder, the S3 remote, a test's toy) holds payloads under keys. It
-hands out only bytes that verify against their record, takes in only bytes that match
-the record they come with, and keeps its own trust rules (checksums, signatures,
-quarantine) behind these calls. ``tier.Tier`` composes levels; nothing here does I/O.
+"""The interface every level of the blob store implements (``BlobStorage``): a level hands
+out only bytes that verify against their record and takes in only bytes that match
+theirs; its own trust rules stay behind the calls. Nothing here does I/O.
 """
 
 from __future__ import annotations

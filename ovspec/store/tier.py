@@ -1,13 +1,6 @@
 """Two levels composed: the local store in front, a remote (any ``BlobStorage``) behind.
-
-Under the front's key lock, a local miss asks the remote before the producer: a fetched
-payload is verified by the remote (``get``), proven importable (``validate``) and
-committed by the front like a compiled one, with the checksum the remote's record names.
-A blob compiled here is uploaded on a background thread once the local commit is done
-and the lock released. The remote never fails a build: each failure is one
-``RemoteWarning`` and a compile (``strict``: raised instead), and a remote found
-unreachable is not asked again. ``push`` and ``pull`` move whole ladders on request.
-The tier knows the front only through its public calls; counts go to its counters.
+A local miss asks the remote before the producer; a blob compiled here is uploaded in
+the background; the remote never fails a build. Only the front's public calls are used.
 """
 
 from __future__ import annotations
@@ -99,7 +92,15 @@ def _shareable(metadata: Mapping[str, str]) -> dict[str, str]:
 
 
 class Tier:
-    """A local store (``front``) with a remote level behind it."""
+    """A local store (``front``) with a remote level behind it.
+
+    Under the front's key lock, a local miss asks the remote before the producer: its
+    payload is verified by the remote (``get``), proven importable (``validate``) and
+    committed by the front with the checksum the remote's record names. A blob compiled
+    here is uploaded on a background thread once committed and unlocked. Each remote
+    failure is one ``RemoteWarning`` and a compile (``strict``: raised instead); a
+    remote found unreachable is not asked again. Counts go to the front's counters.
+    """
 
     def __init__(self, front: DiskStore, remote: BlobStorage, *, strict: bool = False) -> None:
         self.front = front

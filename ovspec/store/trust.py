@@ -1,11 +1,5 @@
-"""Whether a store folder may be used: who owns it, who else can write it, and whether
-a link inside it would lead the store out of its root.
-
-Run when a store opens, before anything below the root is read. A store another user
-owns or can write is refused unless the caller opts in (then the store is used
-read-only: nothing in it is ever written); a symbolic link (or a file) where one of
-the store's folders belongs is refused until ``check --fix`` replaces it. Everything
-is ``lstat``-based: nothing here follows a link.
+"""Whether a store folder may be used: who owns it, who else can write it, and whether a
+link inside it would lead out of its root. ``lstat`` only: nothing here follows a link.
 """
 
 from __future__ import annotations
@@ -87,7 +81,12 @@ def _describe_link(path: Path) -> str:
 
 
 def inspect(layout: StoreLayout, euid: int | None = None) -> FolderReport:
-    """Check the root, its folders, ``blobs/<xx>`` and the index file (lstat only)."""
+    """Check the root, its folders, ``blobs/<xx>`` and the index file (lstat only).
+
+    Run when a store opens. What it finds decides: a store another user owns or can
+    write is refused unless the caller opts in (then it is used read-only); a link (or a
+    file) where one of the store's folders belongs is refused until ``check --fix``.
+    """
     euid = os.geteuid() if euid is None else euid
     foreign: list[str] = []
     links: list[str] = []
