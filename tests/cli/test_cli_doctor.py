@@ -87,3 +87,18 @@ def test_help() -> None:
     assert result.exit_code == 0
     for option in ("MODEL", "--ladder", "--chunk", "--cache-dir", "--json"):
         assert option in result.output
+
+
+def test_a_built_in_model_is_never_written_into_a_store_read_only_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ovspec.store.local import Store
+
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    Store(shared).close()
+    monkeypatch.setenv("OVSPEC_TRUST_SHARED_STORE", "1")  # opens `shared` read-only
+    monkeypatch.setenv("OVSPEC_CACHE_DIR", str(own))
+    result = run("doctor", "builtin:tiny", "--ladder", "32", "--cache-dir", str(shared))
+    assert result.exit_code == 0, result.output
+    assert not (shared / "models").exists()
+    assert [p.name.rpartition("-")[0] for p in (own / "models").iterdir()] == ["tiny"]
