@@ -125,16 +125,14 @@ def bench(
     """
     from ovspec.bench.report import environment, render_text, to_json, write_plots
     from ovspec.bench.runner import BenchConfig, run_bench
+    from ovspec.compile.devices import profile_for
     from ovspec.compile.split import CoreSplit
     from ovspec.ir.model_dir import resolve_model
-    from ovspec.ir.reference import EXACT_CPU_PROPERTIES
     from ovspec.store.local import Store
 
     root = cache_dir if cache_dir is not None else Store.default_root()
     model_dir = resolve_model(model, root / "models")
-    properties = (
-        dict(config) if config else (dict(EXACT_CPU_PROPERTIES) if device.upper() == "CPU" else {})
-    )
+    properties = dict(config) if config else dict(profile_for(device).exact_properties)
     work = out_dir or Path("ovspec-bench")
     cores = CoreSplit.default() if split is not False else None
     if split and cores is None:

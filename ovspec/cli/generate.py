@@ -195,6 +195,7 @@ def generate(
 
     from ovspec.ir.model_dir import resolve_model, writes_into_store
     from ovspec.runtime.chat import chat_prompt_ids
+    from ovspec.runtime.decoding import Tuning
     from ovspec.runtime.decoding import open as open_loader
     from ovspec.runtime.generation import generate as run_generation
     from ovspec.runtime.kv import KVLayoutWarning
@@ -243,7 +244,7 @@ def generate(
             prefill_chunk_tokens=chunk_tokens,
             kv_layout=None if kv_layout == "auto" else kv_layout,  # remap: ladder checked here
             load_mode=load_mode,
-            split=split or None,
+            tuning=Tuning(split=split),
         ) as loader:
             generation = run_generation(
                 loader,
@@ -252,7 +253,7 @@ def generate(
                 codec=codec,
                 streamer=write.token,
             )
-            used_load_mode = loader.compiler.load_mode.value
+            used_load_mode = loader.load_mode.value
         write.finish()
     finally:
         if store is not None:
