@@ -115,8 +115,8 @@ class Compiler:
     ) -> None:
         self.model_dir = model_dir
         self.device = device
-        self.properties = dict(properties)
-        self.profile: DeviceProfile = profile_for(device, self.properties)
+        self.profile: DeviceProfile = profile_for(device, properties)
+        self.properties = self.profile.required_properties(properties)
         self.store = store
         self.compression = compression or Compression()
         self.patch_id = patch_id

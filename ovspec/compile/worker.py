@@ -144,7 +144,9 @@ def run(request: WorkerRequest) -> dict[str, Any]:
         raise DeviceError(
             f"device {request.device!r} is not usable here: {openvino_message(exc)}"
         ) from exc
-    properties = profile.trial_properties(request.properties, supported)
+    properties = profile.trial_properties(
+        profile.required_properties(request.properties), supported
+    )
 
     began = time.perf_counter()
     llm = prepare(read_ir(Path(request.xml_path)))

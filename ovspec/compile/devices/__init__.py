@@ -13,13 +13,14 @@ from collections.abc import Mapping
 
 from ovspec.compile.devices.cpu import CpuProfile
 from ovspec.compile.devices.npu import NpuProfile
+from ovspec.compile.devices.npuw import NpuwProfile
 from ovspec.compile.devices.profile import DeviceProfile, device_family
 
-__all__ = ["PROFILES", "CpuProfile", "DeviceProfile", "NpuProfile", "profile_for"]
+__all__ = ["PROFILES", "CpuProfile", "DeviceProfile", "NpuProfile", "NpuwProfile", "profile_for"]
 
 # Asked in order: a profile that claims a device by its properties goes before the one
 # that claims its family by name.
-PROFILES: tuple[type[DeviceProfile], ...] = (CpuProfile, NpuProfile)
+PROFILES: tuple[type[DeviceProfile], ...] = (CpuProfile, NpuwProfile, NpuProfile)
 
 
 def profile_for(device: str, properties: Mapping[str, str] | None = None) -> DeviceProfile:

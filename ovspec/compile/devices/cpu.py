@@ -61,6 +61,6 @@ class CpuProfile(DeviceProfile):
         on the loader's thread while the decode thread infers leaves decoding pinned
         badly for the rest of the run (a third slower on 2 cores). Pinning cannot change
         a blob, so keys and stored blobs are unaffected."""
-        props = dict(properties)
+        props = self.required_properties(properties)
         props.setdefault(PINNING_PROPERTY, "NO")
         return props

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import io
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import openvino as ov
@@ -70,16 +70,26 @@ def present_facts(core: ov.Core, device: str, properties: Mapping[str, str]) -> 
     return DeviceFacts(device, tuple(sorted(read_identity(core, device).items())), offline=False)
 
 
+def _lists_none(_name: str) -> bool:
+    return False
+
+
 _CHECKED_PROPERTIES: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 
 
-def check_properties(core: ov.Core, device: str, properties: Mapping[str, str]) -> None:
+def check_properties(
+    core: ov.Core,
+    device: str,
+    properties: Mapping[str, str],
+    unlisted: Callable[[str], bool] = _lists_none,
+) -> None:
     """Refuse properties the device does not know or will not take, before anything
     compiles (a bad value would otherwise pass ``build`` and fail at import).
 
-    Names are checked against the device's SUPPORTED_PROPERTIES; values by compiling,
-    exporting and importing a one-op probe with them (~0.1 s, once per process and set
-    of properties): the plugins check values only when a model is compiled.
+    Names are checked against the device's SUPPORTED_PROPERTIES (``unlisted``: names the
+    plugin takes without listing them); values by compiling, exporting and importing a
+    one-op probe with them (~0.1 s, once per process and set of properties): the
+    plugins check values only when a model is compiled.
     """
     if not properties:
         return
@@ -91,7 +101,8 @@ def check_properties(core: ov.Core, device: str, properties: Mapping[str, str]) 
     except RuntimeError:
         supported = set()
     if supported:
-        unknown = sorted(k for k in properties if k not in supported | CORE_PROPERTIES)
+        known = supported | CORE_PROPERTIES
+        unknown = sorted(k for k in properties if k not in known and not unlisted(k))
         if unknown:
             near = difflib.get_close_matches(unknown[0].upper(), sorted(supported), n=1)
             hint = f"did you mean {near[0]}?" if near else f"it lists {len(supported)};"

@@ -72,9 +72,15 @@ class DeviceProfile:
         ``properties`` (the fallback claims nothing: it is what is left)."""
         return False
 
-    def loader_properties(self, properties: Mapping[str, str]) -> dict[str, str]:
-        """The properties a loader compiles and imports with (the user's, completed)."""
+    def required_properties(self, properties: Mapping[str, str]) -> dict[str, str]:
+        """The properties every compile and import on this device takes: the user's,
+        with what the device mode they chose needs (in keys too)."""
         return dict(properties)
+
+    def loader_properties(self, properties: Mapping[str, str]) -> dict[str, str]:
+        """The properties a loader compiles and imports with: the required ones, with
+        what a loader's second thread needs (never blob-changing)."""
+        return self.required_properties(properties)
 
     def trial_properties(
         self, properties: Mapping[str, str], supported: frozenset[str]
