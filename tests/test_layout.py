@@ -1,5 +1,6 @@
 """The package layout as a contract: imports point down the layers, peers stay apart,
-no module imports itself back through others, and modules stay small.
+no module imports itself back through others, modules stay small, and only the device
+profiles decide by a device's name.
 
 Every ``import``/``from ... import`` of an ovspec module counts, at module level or
 inside a function or a ``TYPE_CHECKING`` block: a lazy import is still a dependency.
@@ -24,12 +25,17 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"ladder"}),
     frozenset({"stats", "testing"}),  # statistics; synthetic test models
     frozenset({"ir", "store"}),  # the model side; the blob store
-    frozenset({"compile"}),
+    frozenset({"compile"}),  # with the device profiles at its bottom (compile/devices)
     frozenset({"runtime"}),
     frozenset({"bench", "trials"}),  # workflows
     frozenset({"cli"}),
     frozenset({""}),  # the root package: the public facade (ovspec.open, __version__)
 )
+# The one place that may decide by a device's name (everything else asks a profile).
+DEVICE_PROFILES = "ovspec.compile.devices"
+DEVICE_NAMES = frozenset({"CPU", "GPU", "NPU"})  # in any case: "cpu" names CPU too
+VIRTUAL_DEVICES = frozenset({"AUTO", "HETERO", "MULTI", "BATCH"})  # as spelled ("auto" is a word)
+TOOLS = PACKAGE.parent / "tools"
 MAX_MODULE_LINES = 500  # beyond it, a module says why at its top (see below)
 LONG_MODULE_REASON = "Longer than"  # the phrase a long module's docstring must carry
 
@@ -152,3 +158,96 @@ def test_every_folder_says_what_it_owns() -> None:
     for init in PACKAGE.rglob("__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
         assert len(doc.splitlines()) >= 2, f"{init} needs a docstring saying what it owns"
+
+
+def test_device_profiles_sit_below_the_rest_of_compile() -> None:
+    # The compiler, the worker and the build workflow ask the profiles: a profile that
+    # imported them back would make a circle. Only the modes enum is shared.
+    allowed = ("ovspec.compile.modes", DEVICE_PROFILES)
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if module.startswith(DEVICE_PROFILES)
+        for target in targets
+        if unit(target) == "compile" and not target.startswith(allowed)
+    ]
+    assert wrong == []
+
+
+def _names_a_device(node: ast.AST) -> bool:
+    """A text constant naming a device (any case, ``NPU.0`` too), or a tuple, list or set
+    holding one."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        family = node.value.split(".", 1)[0].split(":", 1)[0]
+        return family.upper() in DEVICE_NAMES or family in VIRTUAL_DEVICES
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_device(e) for e in node.elts)
+    return False
+
+
+def _calls_device_family(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    return name == "device_family"
+
+
+def device_decisions(source: str) -> list[int]:
+    """Lines that decide by a device's name: a comparison (``==``, ``in``, ...) with a
+    device name, ``.startswith``/``.endswith`` of one, a ``case`` on one, a table keyed
+    by one, or any use of ``device_family``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            hit = any(_names_a_device(o) for o in (node.left, *node.comparators))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            hit = node.func.attr in ("startswith", "endswith") and any(
+                _names_a_device(a) for a in node.args
+            )
+        elif isinstance(node, ast.MatchValue):
+            hit = _names_a_device(node.value)
+        elif isinstance(node, ast.Dict):
+            hit = any(isinstance(k, ast.Constant) and k.value in DEVICE_NAMES for k in node.keys)
+        else:
+            hit = False
+        if hit or _calls_device_family(node):
+            lines.append(getattr(node, "lineno", 0))
+    return sorted(set(lines))
+
+
+def test_only_device_profiles_decide_by_device_name() -> None:
+    outside = {m: p for m, p in MODULES.items() if not m.startswith(DEVICE_PROFILES)}
+    outside.update({f"tools.{p.stem}": p for p in sorted(TOOLS.glob("*.py"))})
+    found = [
+        f"{module}:{line}"
+        for module, path in outside.items()
+        for line in device_decisions(path.read_text(encoding="utf-8"))
+    ]
+    assert found == [], "ask the device profile (ovspec/compile/devices/) instead"
+
+
+@pytest.mark.parametrize(
+    ("source", "line"),
+    [
+        ('if device == "CPU": pass', 1),
+        ('if device.upper() != "npu": pass', 1),
+        ('ok = "NPU" in core.available_devices', 1),
+        ('ok = family in ("GPU", "CPU")', 1),
+        ('ok = device.startswith("NPU")', 1),
+        ('ok = device == "HETERO:NPU,CPU"', 1),
+        ("ok = device_family(device) == family", 1),
+        ('table = {"CPU": 1}', 1),
+        ('match device:\n    case "CPU.0":\n        pass', 2),
+    ],
+)
+def test_the_device_check_sees_each_way_of_deciding_by_name(source: str, line: int) -> None:
+    assert device_decisions(source) == [line]
+
+
+def test_the_device_check_leaves_plain_mentions_alone() -> None:
+    source = (
+        'open(model, device="CPU")\nreport = {"cpu": model_name}\nhelp = "--device NPU"\n'
+        'mode = None if value == "auto" else value\n'
+    )
+    assert device_decisions(source) == []

@@ -129,8 +129,8 @@ def main(
     if render_only:
         render_saved(out)
         return
+    from ovspec.compile.devices import profile_for
     from ovspec.ir.model_dir import resolve_model
-    from ovspec.ir.reference import EXACT_CPU_PROPERTIES
     from ovspec.ir.specialize import prepare, read_ir
 
     command = shlex.join(["python", "tools/bench_kv.py", *sys.argv[1:]])
@@ -144,7 +144,7 @@ def main(
         model_dir = resolve_model(model_reference, models_dir / "models")
         roles = prepare(read_ir(model_dir.xml_path)).roles
         samples = run_boundaries(roles, Ladder.parse(boundary_ladder), repetitions, say)
-        properties = dict(config) or (dict(EXACT_CPU_PROPERTIES) if device == "CPU" else {})
+        properties = dict(config) or dict(profile_for(device).exact_properties)
         arms = tuple(a for a in DECODE_ARMS if direct or a != "direct (B0)")
         decode_config = DecodeConfig(
             model=model_dir.root,

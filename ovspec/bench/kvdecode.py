@@ -147,9 +147,9 @@ def run_decode(config: DecodeConfig, say: Callable[[str], None] = print) -> Deco
             prefill_chunk_tokens=config.prefill_chunk_tokens,
         ) as direct_loader,
     ):
-        roles = loader.compiler.llm().roles
+        roles = loader.roles()
         check_remap_ladder(roles, ladder)
-        vocab = loader.compiler.model_dir.config.get("vocab_size")
+        vocab = loader.model_dir.config.get("vocab_size")
         rng = np.random.default_rng(config.seed)
         high = vocab if isinstance(vocab, int) and vocab > 10 else 1000
         prompt = rng.integers(3, high, config.prompt_tokens).tolist()
@@ -166,7 +166,7 @@ def run_decode(config: DecodeConfig, say: Callable[[str], None] = print) -> Deco
             say(f"speed pass {number}/{config.passes}: {COPY} against {REMAP}")
             loader.start(first)
             speed_traces.append(lockstep.run((COPY, REMAP), say, drain=True)[0])
-        weights_bytes = loader.compiler.model_dir.bin_path.stat().st_size
+        weights_bytes = loader.weights_bytes
     clock = [
         float(np.median([t.step_seconds[i] for t in traces.values()])) for i in range(len(forced))
     ]

@@ -190,7 +190,7 @@ def run_overlap(
                 store=store,
                 policy=setup.policy,
                 load_mode="import",
-                split=config.split,
+                tuning=runtime.Tuning(split=config.split),
             ) as loader,
         ):
             # Every rung loaded (I1) and warmed up before any background load starts.
@@ -204,7 +204,7 @@ def run_overlap(
             load_config = {
                 "model_dir": str(config.model.root),
                 "device": config.device,
-                "properties": loader.compiler.properties,
+                "properties": loader.properties,
                 "capacities": list(config.ladder.capacities_tokens[1:]),
                 "host_cores": list(config.split.host),
             }

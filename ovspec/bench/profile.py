@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import openvino as ov
 
-from ovspec.compile.devices import device_family
+from ovspec.compile.devices import profile_for
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE
 from ovspec.ir.model_dir import ModelDir
@@ -321,7 +321,8 @@ def profile_rung(
             f"{arg('live_tokens', str(live))} must be at least 0 and below the rung "
             f"{capacity_tokens}"
         )
-    rewrite_set = rewrites if rewrites is not None else RewriteSet.for_device(device_family(device))
+    default = profile_for(device, properties or {}).default_rewrites
+    rewrite_set = rewrites if rewrites is not None else default
     props = {**(properties or {}), "PERF_COUNT": "YES"}
     core = ov.Core()
     one_graph = chunk_tokens if GraphRewrite.LIVE_STATE in rewrite_set else None

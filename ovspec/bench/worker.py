@@ -85,7 +85,7 @@ def run(request: RunRequest) -> dict[str, Any]:
             prefill_chunk_tokens=request.prefill_chunk_tokens,
             load_mode=request.load_mode,
             compression=request.compression,
-            split=split,
+            tuning=runtime.Tuning(split=split),
         ) as loader,
     ):
         result = runtime.decode(
@@ -96,8 +96,8 @@ def run(request: RunRequest) -> dict[str, Any]:
             keep_logits=lambda _step, live: live in positions,
             measure_physical=True,
         )
-        roles = loader.compiler.roles()
-        weights_bytes = loader.compiler.model_dir.bin_path.stat().st_size
+        roles = loader.roles()
+        weights_bytes = loader.weights_bytes
     peak_rss_bytes = peak_rss()
     figures = compute(
         result,

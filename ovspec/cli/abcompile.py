@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,11 +25,36 @@ from ovspec.cli.options import (
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
+if TYPE_CHECKING:
+    from ovspec.stats.orders import Arm
+    from ovspec.trials.arms import ArmSpec
+    from ovspec.trials.records import TrialPlan
+    from ovspec.trials.runner import TrialProgress
+
 KV = tuple[tuple[str, str], ...]
 
 
+@dataclass(frozen=True)
+class _ArmFlags:
+    """What the ``--a-*`` or ``--b-*`` options of one arm said."""
+
+    label: str | None
+    python: str | None
+    pythonpath: tuple[str, ...]
+    libs: tuple[str, ...]
+    env: KV
+    config: KV
+
+    def given(self) -> bool:
+        return any(dataclasses.astuple(self))
+
+
+_ARM_FIELDS = ("label", "python", "pythonpath", "libs", "env", "config")
+
+
 def _arm_options(letter: str) -> Callable[[Callable[..., object]], Callable[..., object]]:
-    """The ``--a-*`` or ``--b-*`` options of one arm."""
+    """The ``--a-*`` or ``--b-*`` options of one arm, handed to the command as one
+    ``{letter}_arm`` (``_ArmFlags``)."""
     up = letter.upper()
 
     def decorate(func: Callable[..., object]) -> Callable[..., object]:
@@ -61,11 +90,46 @@ def _arm_options(letter: str) -> Callable[[Callable[..., object]], Callable[...,
                 help=f"Compile property of arm {up} only (overrides --config), repeatable.",
             ),
         ]
+
+        @functools.wraps(func)
+        def collect(*args: Any, **kwargs: Any) -> object:
+            flags = {name: kwargs.pop(f"{letter}_{name}") for name in _ARM_FIELDS}
+            kwargs[f"{letter}_arm"] = _ArmFlags(**flags)
+            return func(*args, **kwargs)
+
+        command: Callable[..., object] = collect
         for option in reversed(options):
-            func = option(func)
-        return func
+            command = option(command)
+        return command
 
     return decorate
+
+
+def _arms(
+    arms_file: Path | None, config: KV, a: _ArmFlags, b: _ArmFlags
+) -> tuple[ArmSpec, ArmSpec]:
+    """Arms A and B from --arms FILE, or from the --a-*/--b-* options."""
+    from ovspec.stats.orders import Arm
+    from ovspec.trials.arms import load_arms, make_arm
+
+    if arms_file is not None:
+        if a.given() or b.given():
+            raise BadRequestError("give the arms either with --arms FILE or --a-*/--b-*, not both")
+        return load_arms(arms_file, config)
+
+    def arm(which: Arm, flags: _ArmFlags) -> ArmSpec:
+        return make_arm(
+            which,
+            label=flags.label,
+            python=flags.python,
+            pythonpath=flags.pythonpath,
+            libs=flags.libs,
+            env=flags.env,
+            properties=flags.config,
+            common_properties=config,
+        )
+
+    return arm(Arm.A, a), arm(Arm.B, b)
 
 
 @cli.command("ab-compile")
@@ -142,18 +206,8 @@ def ab_compile(
     device: str,
     config: KV,
     arms_file: Path | None,
-    a_label: str | None,
-    a_python: str | None,
-    a_pythonpath: tuple[str, ...],
-    a_libs: tuple[str, ...],
-    a_env: KV,
-    a_config: KV,
-    b_label: str | None,
-    b_python: str | None,
-    b_pythonpath: tuple[str, ...],
-    b_libs: tuple[str, ...],
-    b_env: KV,
-    b_config: KV,
+    a_arm: _ArmFlags,
+    b_arm: _ArmFlags,
     seed: int,
     out: Path | None,
     plot: Path | None,
@@ -179,56 +233,14 @@ def ab_compile(
           --b-python /opt/ov-patched/bin/python --device NPU --config NPU_PLATFORM=4000
     """
     from ovspec.ir.specialize import Phase
-    from ovspec.stats.orders import Arm
-    from ovspec.store.digests import DigestMemo
-    from ovspec.trials.arms import load_arms, make_arm
-    from ovspec.trials.records import TrialPlan, model_digest, specializations_for
-    from ovspec.trials.report import build_report, format_report, report_to_dict, write_plot
-    from ovspec.trials.runner import RunEvent, run_trial
+    from ovspec.trials.records import TrialPlan
 
-    per_arm: tuple[object, ...] = (a_label, a_python, a_pythonpath, a_libs, a_env, a_config)
-    per_arm += (b_label, b_python, b_pythonpath, b_libs, b_env, b_config)
-    if arms_file is not None:
-        if any(per_arm):
-            raise BadRequestError("give the arms either with --arms FILE or --a-*/--b-*, not both")
-        arm_a, arm_b = load_arms(arms_file, config)
-    else:
-        arm_a = make_arm(
-            Arm.A,
-            label=a_label,
-            python=a_python,
-            pythonpath=a_pythonpath,
-            libs=a_libs,
-            env=a_env,
-            properties=a_config,
-            common_properties=config,
-        )
-        arm_b = make_arm(
-            Arm.B,
-            label=b_label,
-            python=b_python,
-            pythonpath=b_pythonpath,
-            libs=b_libs,
-            env=b_env,
-            properties=b_config,
-            common_properties=config,
-        )
-
+    arms = _arms(arms_file, config, a_arm, b_arm)
     # A built-in model is written into the store's models folder (the store is opened
     # for that only): no compile of a trial may be a store hit.
     model_dir = model_folder(model, cache_dir)
-    rungs.check_fits(model_dir.max_position_embeddings)
-    memo = DigestMemo()
-    plan = TrialPlan(
-        model=model_dir,
-        model_digest=model_digest(model_dir, memo),
-        specializations=specializations_for(rungs, Phase(phase), chunk_tokens),
-        device=device,
-        arm_a=arm_a,
-        arm_b=arm_b,
-        pairs=pairs,
-        seed=seed,
-        timeout_s=timeout_s,
+    plan = TrialPlan.for_rungs(
+        model_dir, rungs, Phase(phase), chunk_tokens, device, arms, pairs, seed, timeout_s
     )
     results = out if out is not None else Path(f"ab-compile-{plan.digest()}.jsonl")
     total = len(plan.schedule())
@@ -237,28 +249,7 @@ def ab_compile(
         f"{len(plan.specializations)} rungs x 2 arms); results in {results}",
         err=True,
     )
-
-    def line(event: RunEvent) -> str:
-        r = event.record
-        warm = " warm-up" if r.warmup else ""
-        return (
-            f"[{event.done}/{event.total}] pair {r.pair}{warm} {r.spec_label} arm {r.arm.value}: "
-            f"wall {r.wall_s:.3f} s, cpu {r.cpu_s:.3f} s, blob {r.blob_xxh3[:10]}"
-        )
-
-    if sys.stderr.isatty():
-        with click.progressbar(length=total, label="compiling", file=sys.stderr) as bar:
-
-            def advance(event: RunEvent) -> None:
-                bar.label = line(event)
-                bar.update(event.done - bar.pos)
-
-            progress = run_trial(plan, results, max_runs=max_runs, on_run=advance)
-    else:
-        progress = run_trial(
-            plan, results, max_runs=max_runs, on_run=lambda e: click.echo(line(e), err=True)
-        )
-
+    progress = _run_with_progress(plan, results, max_runs, total)
     if not progress.complete:
         click.echo(
             f"ab-compile: stopped after {progress.ran} compiles; {progress.done}/"
@@ -275,6 +266,8 @@ def ab_compile(
                 }
             )
         return
+    from ovspec.trials.report import build_report, format_report, report_to_dict, write_plot
+
     report = build_report(plan, progress.records, results)
     if plot is not None:
         write_plot(report, plot)
@@ -285,3 +278,30 @@ def ab_compile(
         click.echo(text)
     if plot is not None:
         click.echo(f"plot: {plot}")
+
+
+def _run_with_progress(
+    plan: TrialPlan, results: Path, max_runs: int | None, total: int
+) -> TrialProgress:
+    """Run the trial, showing each compile as it lands (a bar on a terminal)."""
+    from ovspec.trials.runner import RunEvent, run_trial
+
+    def line(event: RunEvent) -> str:
+        r = event.record
+        warm = " warm-up" if r.warmup else ""
+        return (
+            f"[{event.done}/{event.total}] pair {r.pair}{warm} {r.spec_label} arm {r.arm.value}: "
+            f"wall {r.wall_s:.3f} s, cpu {r.cpu_s:.3f} s, blob {r.blob_xxh3[:10]}"
+        )
+
+    if not sys.stderr.isatty():
+        return run_trial(
+            plan, results, max_runs=max_runs, on_run=lambda e: click.echo(line(e), err=True)
+        )
+    with click.progressbar(length=total, label="compiling", file=sys.stderr) as bar:
+
+        def advance(event: RunEvent) -> None:
+            bar.label = line(event)
+            bar.update(event.done - bar.pos)
+
+        return run_trial(plan, results, max_runs=max_runs, on_run=advance)

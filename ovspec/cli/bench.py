@@ -126,13 +126,11 @@ def bench(
     """
     from ovspec.bench.report import environment, render_text, to_json, write_plots
     from ovspec.bench.runner import BenchConfig, run_bench
+    from ovspec.compile.devices import profile_for
     from ovspec.compile.split import CoreSplit
-    from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 
     model_dir = model_folder(model, cache_dir)
-    properties = (
-        dict(config) if config else (dict(EXACT_CPU_PROPERTIES) if device.upper() == "CPU" else {})
-    )
+    properties = dict(config) if config else dict(profile_for(device).exact_properties)
     work = out_dir or Path("ovspec-bench")
     cores = CoreSplit.default() if split is not False else None
     if split and cores is None:

@@ -30,7 +30,9 @@ from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
     from ovspec.compile.compiler import BuildOutcome
+    from ovspec.compile.prewarm import BuildReport
     from ovspec.store.remote import RemoteConfig
+    from ovspec.store.tier import Tier
 
 
 @cli.command()
@@ -137,58 +139,74 @@ def build(
     wall_s = time.perf_counter() - started
 
     if as_json:
-        emit_json(
-            {
-                "model": str(model_dir.root),
-                "device": device,
-                "ladder": list(ladder),
-                "cache_dir": str(root),
-                "remote": tier.location if tier is not None else None,
-                "entries": [
-                    {
-                        "specialization": o.spec.label,
-                        "phase": o.spec.phase.value,
-                        "capacity_tokens": o.spec.capacity_tokens,
-                        "chunk_tokens": o.spec.chunk_tokens,
-                        "key": o.key_hex,
-                        "hit": o.hit,
-                        "fetched": o.fetched,
-                        "fetch_s": round(o.fetch_s, 6),
-                        "compile_s": round(o.compile_s, 6),
-                        "export_s": round(o.export_s, 6),
-                        "wait_s": round(o.wait_s, 6),
-                        "blob_bytes": o.blob_bytes,
-                    }
-                    for o in report.outcomes
-                ],
-                "totals": {
-                    "hits": report.hits,
-                    "fetched": report.fetched,
-                    "fetched_bytes": report.fetched_bytes,
-                    "uploaded": tier.uploaded if tier is not None else 0,
-                    "uploaded_bytes": tier.uploaded_bytes if tier is not None else 0,
-                    "misses": report.misses,
-                    "compile_s": round(report.compile_s, 6),
-                    "saved_s": round(report.saved_s, 6),
-                    "blob_bytes": report.blob_bytes,
-                    "build_s": round(report.wall_s, 6),
-                    "wall_s": round(wall_s, 6),
-                },
-            }
-        )
+        emit_json(_json_document(model_dir.root, device, ladder, root, report, tier, wall_s))
         return
+    for line in _summary(report, tier, wall_s):
+        click.echo(line)
+
+
+def _json_document(
+    model: Path,
+    device: str,
+    ladder: Ladder,
+    root: Path,
+    report: BuildReport,
+    tier: Tier | None,
+    wall_s: float,
+) -> dict[str, object]:
+    return {
+        "model": str(model),
+        "device": device,
+        "ladder": list(ladder),
+        "cache_dir": str(root),
+        "remote": tier.location if tier is not None else None,
+        "entries": [
+            {
+                "specialization": o.spec.label,
+                "phase": o.spec.phase.value,
+                "capacity_tokens": o.spec.capacity_tokens,
+                "chunk_tokens": o.spec.chunk_tokens,
+                "key": o.key_hex,
+                "hit": o.hit,
+                "fetched": o.fetched,
+                "fetch_s": round(o.fetch_s, 6),
+                "compile_s": round(o.compile_s, 6),
+                "export_s": round(o.export_s, 6),
+                "wait_s": round(o.wait_s, 6),
+                "blob_bytes": o.blob_bytes,
+            }
+            for o in report.outcomes
+        ],
+        "totals": {
+            "hits": report.hits,
+            "fetched": report.fetched,
+            "fetched_bytes": report.fetched_bytes,
+            "uploaded": tier.uploaded if tier is not None else 0,
+            "uploaded_bytes": tier.uploaded_bytes if tier is not None else 0,
+            "misses": report.misses,
+            "compile_s": round(report.compile_s, 6),
+            "saved_s": round(report.saved_s, 6),
+            "blob_bytes": report.blob_bytes,
+            "build_s": round(report.wall_s, 6),
+            "wall_s": round(wall_s, 6),
+        },
+    }
+
+
+def _summary(report: BuildReport, tier: Tier | None, wall_s: float) -> list[str]:
     fetched = f"{report.fetched} fetched, " if report.fetched else ""
-    click.echo(
+    lines = [
         f"{report.hits} hits, {fetched}{report.misses} misses; compiled {report.compile_s:.2f} s, "
         f"saved {report.saved_s:.2f} s; {human_bytes(report.blob_bytes)} of blobs; "
         f"wall {wall_s:.2f} s (building {report.wall_s:.2f} s)"
-    )
+    ]
     if tier is not None:
-        click.echo(
+        lines.append(
             f"remote {tier.location}: fetched {human_bytes(report.fetched_bytes)}, uploaded "
             f"{tier.uploaded} ({human_bytes(tier.uploaded_bytes)})"
             + (f"; not used: {tier.down}" if tier.down else "")
         )
+    return lines
 
 
 def _source(outcome: BuildOutcome) -> str:

@@ -7,10 +7,12 @@ its chat template) or as token ids, generates with the lazy loader and a growing
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -28,11 +30,11 @@ from ovspec.cli.options import (
     remote_options,
     split_option,
 )
-from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
     from ovspec.runtime.generation import Generation
+    from ovspec.runtime.sampling import GenerationConfig
     from ovspec.runtime.textcodec import TextStream
     from ovspec.store.remote import RemoteConfig
 
@@ -45,7 +47,9 @@ KV_LAYOUT_CHOICES = ("copy-and-grow", "shared-max", "remap")
 
 
 def sampling_options(func: F) -> F:
-    """openvino-genai's GenerationConfig settings, same names and meanings."""
+    """openvino-genai's GenerationConfig settings, same names and meanings. The command
+    gets them, with its own --max-new-tokens and --ignore-eos, as one ``sampling``: a
+    ``GenerationConfig`` still without the model's EOS ids."""
     options = [
         click.option(
             "--do-sample",
@@ -106,9 +110,23 @@ def sampling_options(func: F) -> F:
             help="Keep the matched stop string in the output.",
         ),
     ]
+    names: tuple[str, ...] = ("max_new_tokens", "ignore_eos", "do_sample", "temperature")
+    names += ("top_k", "top_p", "repetition_penalty", "rng_seed", "stop_strings")
+    names += ("include_stop_str_in_output",)
+
+    @functools.wraps(func)
+    def collect(*args: Any, **kwargs: Any) -> Any:
+        from ovspec.runtime.sampling import GenerationConfig
+
+        settings: dict[str, Any] = {name: kwargs.pop(name) for name in names}
+        stop_ids = frozenset(kwargs.pop("stop_token_ids"))
+        kwargs["sampling"] = GenerationConfig(stop_token_ids=stop_ids, **settings)
+        return func(*args, **kwargs)
+
+    command: Any = collect
     for option in reversed(options):
-        func = option(func)
-    return func
+        command = option(command)
+    return cast(F, command)
 
 
 @cli.command()
@@ -159,7 +177,6 @@ def generate(
     prompt: str | None,
     ids: list[int] | None,
     chat: str | None,
-    max_new_tokens: int,
     ladder: Ladder,
     chunk_tokens: int,
     policy: str,
@@ -170,16 +187,7 @@ def generate(
     config: tuple[tuple[str, str], ...],
     cache_dir: Path | None,
     remote: RemoteConfig | None,
-    ignore_eos: bool,
-    do_sample: bool,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    repetition_penalty: float,
-    rng_seed: int,
-    stop_token_ids: tuple[int, ...],
-    stop_strings: tuple[str, ...],
-    include_stop_str_in_output: bool,
+    sampling: GenerationConfig,
     as_json: bool,
 ) -> None:
     """Generate from PROMPT (text), --chat or --ids with MODEL (folder, .gguf or builtin:PRESET).
@@ -194,12 +202,12 @@ def generate(
         )
 
     from ovspec.ir.model_dir import resolve_model, writes_into_store
-    from ovspec.runtime.chat import chat_prompt_ids
+    from ovspec.runtime.decoding import Tuning
     from ovspec.runtime.decoding import open as open_loader
     from ovspec.runtime.generation import generate as run_generation
     from ovspec.runtime.kv import KVLayoutWarning
     from ovspec.runtime.loader import Policy
-    from ovspec.runtime.sampling import GenerationConfig
+    from ovspec.runtime.prompting import Prompt
     from ovspec.runtime.textcodec import TextCodec, eos_token_ids
     from ovspec.store.local import Store
 
@@ -210,26 +218,9 @@ def generate(
     try:
         model_dir = resolve_model(model, store.models_folder if store else None)
         codec = TextCodec.for_model(model_dir, model)
-        if chat is not None:
-            prompt_ids = chat_prompt_ids(model_dir, chat, model)
-        else:
-            prompt_ids = codec.encode(prompt) if prompt is not None else list(ids or [])
-        if prompt is not None and not prompt_ids:
-            raise BadRequestError(f"the prompt {prompt!r} encodes to no tokens; give some text")
-        settings = GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            ignore_eos=ignore_eos,
-            eos_token_ids=eos_token_ids(model_dir),
-            stop_token_ids=frozenset(stop_token_ids),
-            stop_strings=stop_strings,
-            include_stop_str_in_output=include_stop_str_in_output,
-            do_sample=do_sample,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            repetition_penalty=repetition_penalty,
-            rng_seed=rng_seed,
-        )
+        asked = Prompt(prompt, chat, tuple(ids) if ids is not None else None)
+        prompt_ids = asked.token_ids(model_dir, codec, model)
+        settings = dataclasses.replace(sampling, eos_token_ids=eos_token_ids(model_dir))
         store = store or open_store(root, remote)
         write = _Writer(codec.stream() if codec.can_decode else None, quiet=as_json)
         warnings.simplefilter("ignore", KVLayoutWarning)  # the summary carries its note
@@ -243,7 +234,7 @@ def generate(
             prefill_chunk_tokens=chunk_tokens,
             kv_layout=None if kv_layout == "auto" else kv_layout,  # remap: ladder checked here
             load_mode=load_mode,
-            split=split or None,
+            tuning=Tuning(split=split),
         ) as loader:
             generation = run_generation(
                 loader,
@@ -252,7 +243,7 @@ def generate(
                 codec=codec,
                 streamer=write.token,
             )
-            used_load_mode = loader.compiler.load_mode.value
+            used_load_mode = loader.load_mode.value
         write.finish()
     finally:
         if store is not None:

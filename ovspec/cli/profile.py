@@ -91,14 +91,13 @@ def profile(
     model at the same live length (OpenVINO PERF_COUNT), and the measured floors: the
     stateful step and a weights-only read of the .bin."""
     from ovspec.bench.profile import profile_rung
-    from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+    from ovspec.compile.devices import profile_for
     from ovspec.ir.rewrites import RewriteSet
-    from ovspec.runtime.decoding import loader_properties
 
     rewrite_set = RewriteSet.parse(rewrites) if rewrites is not None else None
     model_dir = model_folder(model, cache_dir)
-    exact = EXACT_CPU_PROPERTIES if device.upper() == "CPU" else {}
-    properties = loader_properties(device, dict(config) if config else exact)
+    profile = profile_for(device, dict(config))
+    properties = profile.loader_properties(dict(config) if config else profile.exact_properties)
     report = profile_rung(
         model_dir,
         capacity_tokens,

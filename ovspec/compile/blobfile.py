@@ -19,9 +19,9 @@ class FileSink(io.BytesIO):
     large blob never sits whole in Python memory (+16 MiB instead of +blob size).
 
     OpenVINO swallows an exception raised by the stream it writes to and returns as if
-    the export succeeded, leaving a short file (issue 10: disk full, RLIMIT_FSIZE and
-    EIO each published a truncated blob). So the sink records its first error and the
-    byte count itself, and ``finish`` turns either into a ``PayloadWriteError``.
+    the export succeeded, leaving a short file (disk full, RLIMIT_FSIZE and EIO each
+    published a truncated blob). So the sink records its first error and the byte count
+    itself, and ``finish`` turns either into a ``PayloadWriteError``.
     """
 
     def __init__(self, file: io.BufferedWriter) -> None:

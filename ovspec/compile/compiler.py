@@ -2,9 +2,10 @@
 
 A ``Compiler`` prepares the dynamic graph once (read, compress, stateless), derives
 each specialization's key from named components, builds missing blobs into the
-store and imports blobs from memory-mapped files, or (``LoadMode.COMPILE``, CPU's
-default in ``ovspec.open``) compiles each graph from the prepared IR. It is thread-safe:
-the loader calls it from a background worker while the decode thread imports.
+store (or has a build delegate build them) and imports blobs from memory-mapped files,
+or (``LoadMode.COMPILE``) compiles each graph from the prepared IR. Its device profile
+answers every per-device question. It is thread-safe: the loader calls it from a
+background worker while the decode thread imports.
 """
 
 from __future__ import annotations
@@ -20,19 +21,15 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import openvino as ov
 
 from ovspec.compile.blobfile import FileSink, map_file
-from ovspec.compile.devices import (
-    DeviceFacts,
-    compiler_version,
-    device_family,
-    key_properties,
-    resolve_device,
-)
+from ovspec.compile.delegate import BuildDelegate
+from ovspec.compile.devices import DeviceProfile, profile_for
+from ovspec.compile.devices.facts import DeviceFacts, compiler_version
 from ovspec.compile.halves import CompiledGraph, compile_halves
 from ovspec.compile.modes import BlobMode, LoadMode, blob_compile_properties
 from ovspec.compile.preparing import PreparedModel
@@ -51,9 +48,6 @@ from ovspec.ir.specialize import (
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
 from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob, Store
-
-if TYPE_CHECKING:
-    from ovspec.compile.split import HostBuilder
 
 log = logging.getLogger(__name__)
 
@@ -116,21 +110,21 @@ class Compiler:
         rewrites: RewriteSet | None = None,
         load_mode: LoadMode = LoadMode.IMPORT,
         rung_chunk_tokens: int | None = None,
+        delegate: BuildDelegate | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.device = device
-        self.properties = dict(properties)
+        self.profile: DeviceProfile = profile_for(device, properties)
+        self.properties = self.profile.required_properties(properties)
         self.store = store
         self.compression = compression or Compression()
         self.patch_id = patch_id
         self.blob_mode = blob_mode
-        self.rewrites = (
-            rewrites if rewrites is not None else RewriteSet.for_device(device_family(device))
-        )
+        self.rewrites = rewrites if rewrites is not None else self.profile.default_rewrites
         self.load_mode = load_mode
         # With the live-tokens state a prefill graph takes 1..P tokens per call, so it
         # also decodes: given P, COMPILE mode serves the prompt's rung's decode from that
-        # graph (``share_rung``); later rungs get static decode graphs (DESIGN.md §10.15).
+        # graph (``share_rung``); later rungs get static decode graphs.
         self.rung_chunk_tokens = (
             rung_chunk_tokens
             if load_mode is LoadMode.COMPILE and GraphRewrite.LIVE_STATE in self.rewrites
@@ -143,11 +137,11 @@ class Compiler:
         self._prepared = PreparedModel(model_dir, self.compression, llm)
         if load_mode is LoadMode.COMPILE and self.compression.mode is CompressionMode.NONE:
             # Every graph compiles from the IR: read and prepare it while the device is
-            # probed (both release the GIL; -0.1 s on a start, 0.5B preset, measured).
-            # Not a compression: a bad property would wait minutes for NNCF to refuse.
+            # probed (both release the GIL). Not a compression: a bad property would wait
+            # minutes for NNCF to refuse.
             self._prepared.start()
         try:
-            self.facts: DeviceFacts = resolve_device(self._core, device, self.properties)
+            self.facts: DeviceFacts = self.profile.resolve(self._core, self.properties)
         except BaseException:
             self._prepared.settle()
             raise
@@ -162,9 +156,9 @@ class Compiler:
         )
         self._gates: dict[Specialization, threading.Lock] = {}
         self._graphs_lock = threading.Lock()
-        # The device/host split (compile/split.py): a process on the host cores builds
-        # each blob into the store; this compiler imports what it published.
-        self.host_builder: HostBuilder | None = None
+        # Builds each blob elsewhere into the store (the device/host split's host
+        # process); this compiler imports what it published.
+        self.delegate = delegate
 
     # -- the dynamic graph, prepared once -----------------------------------------
 
@@ -194,8 +188,8 @@ class Compiler:
             self._remember_roles(record.metadata if record is not None else {})
             if self._roles is not None:
                 return self._roles
-        if self.host_builder is not None:  # prepared on the host, not on the device cores
-            roles = ModelRoles.from_json(self.host_builder.roles_json())
+        if self.delegate is not None:  # prepared by the delegate, not on the device cores
+            roles = self.delegate.roles()
             with self._llm_lock:
                 self._roles = roles
             return roles
@@ -227,7 +221,7 @@ class Compiler:
                 "device_architecture": self.facts.architecture,
                 "openvino": ov.get_version(),
                 "compiler": compiler_version(self._core, self.facts),
-                "properties": key_properties(self.device, self._compile_properties),
+                "properties": self.profile.key_properties(self._compile_properties),
                 "patch": self.patch_id,
             }
         return BlobKey.from_values({**self._static_values, "specialization": spec.canonical})
@@ -246,7 +240,7 @@ class Compiler:
         (``validate``): a blob the device cannot import is never stored. With
         ``keep_import`` that import is returned as the program, and a hit is imported
         from the mapping the store verified; a stored blob that verifies but does not
-        import is quarantined and rebuilt once (issue 10)."""
+        import is quarantined and rebuilt once."""
         key = self.key(spec)
         imported: list[tuple[ov.CompiledModel, np.ndarray, float]] = []
 
@@ -328,10 +322,8 @@ class Compiler:
         if self.load_mode is LoadMode.COMPILE:
             return self._compile_program(spec, halves)
         host = None
-        if self.host_builder is not None:  # the host publishes; the import below hits
-            host = self.host_builder.build(
-                spec.phase.value, spec.capacity_tokens, spec.chunk_tokens
-            )
+        if self.delegate is not None:  # the delegate publishes; the import below hits
+            host = self.delegate.build(spec)
         _, program = self._build(spec, keep_import=True)
         assert program is not None  # keep_import=True always imports
         if host is not None:

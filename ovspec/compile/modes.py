@@ -1,13 +1,11 @@
 """The modes a ``Compiler`` runs in: whether blobs carry the weights (``BlobMode``) and
 whether graphs come from the store or straight from the IR (``LoadMode``), with the
-compile properties and the per-device default that follow from them.
+compile properties that follow from them. Each device profile names its default mode.
 """
 
 from __future__ import annotations
 
 from enum import Enum
-
-from ovspec.compile.devices import device_family
 
 
 class BlobMode(Enum):
@@ -23,18 +21,12 @@ class LoadMode(Enum):
 
     IMPORT builds the blob into the store (on a miss) and imports it: the NPU path, and
     a CPU option. COMPILE compiles the specialization from the prepared IR in memory and
-    never touches the store: OpenVINO 2026.4's CPU plugin re-classifies an imported
-    graph after its transformations, so every imported CPU graph loses the LLM
-    treatment and unpacks f16 weights to f32 (2x the memory, ~1.6x the step, measured;
-    DESIGN.md §10.15). ``ovspec.open`` picks COMPILE for CPU.
+    never touches the store: the CPU plugin's default, as an imported CPU graph loses
+    the plugin's LLM treatment (``devices/cpu.py``).
     """
 
     IMPORT = "import"
     COMPILE = "compile"
-
-
-def default_load_mode(device: str) -> LoadMode:
-    return LoadMode.COMPILE if device_family(device) == "CPU" else LoadMode.IMPORT
 
 
 def blob_compile_properties(mode: BlobMode) -> dict[str, str]:

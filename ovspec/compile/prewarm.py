@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import openvino as ov
 
 from ovspec.compile.compiler import NO_PATCH, BuildOutcome, Compiler
-from ovspec.compile.devices import resolve_device
+from ovspec.compile.devices import profile_for
 from ovspec.compile.modes import BlobMode
 from ovspec.compile.preparing import prepare_model
 from ovspec.errors import BadRequestError, arg
@@ -118,7 +118,7 @@ def parse_phases(text: str) -> tuple[Phase, ...]:
 
 def check_device(plan: BuildPlan) -> None:
     """Fail on an unusable device before the store is opened or written."""
-    resolve_device(ov.Core(), plan.device, plan.properties)
+    profile_for(plan.device, plan.properties).resolve(ov.Core(), plan.properties)
 
 
 def check_model(plan: BuildPlan) -> DynamicLLM:

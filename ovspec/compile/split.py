@@ -15,12 +15,17 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ovspec.compile.delegate import DelegatedBuild
 from ovspec.errors import BadRequestError, CompileError, arg
+
+if TYPE_CHECKING:  # not at run time: the host process pins itself before OpenVINO loads
+    from ovspec.ir.roles import ModelRoles
+    from ovspec.ir.specialize import Specialization
 
 # The property that bounds OpenVINO's inference threads: under the split it is the
 # number of device cores, so the decode does not oversubscribe the one core it has.
@@ -130,8 +135,7 @@ def pin_split(split: CoreSplit, decode_tid: int) -> None:
     (``INFERENCE_NUM_THREADS`` = 1), so everything else can move to the host. Called
     again around every load: threads OpenVINO creates later inherit their creator's
     cores, which may be the decode thread's. OpenVINO should have started before this
-    with the whole mask: a thread entering its pool gets the mask it started with
-    (docs/DESIGN.md §10.16).
+    with the whole mask: a thread entering its pool gets the mask it started with.
     """
     if not split.decode_thread_only:
         pin_process(split.device)
@@ -159,20 +163,6 @@ def thread_affinities() -> dict[int, tuple[int, ...]]:
 
 
 @dataclass(frozen=True)
-class HostBuild:
-    """What the host process did for one specialization."""
-
-    spec: str
-    hit: bool  # the store had it (another process built it)
-    compile_s: float
-    export_s: float
-    wait_s: float  # for another process building the same key
-    host_s: float  # the host's whole build (compile, export, validating import, publish)
-    pid: int
-    affinity: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class _HostConfig:
     model_root: str
     models_folder: str
@@ -186,72 +176,87 @@ class _HostConfig:
 
 
 class HostBuilder:
-    """A spawned process pinned to the host cores that builds blobs into the store.
+    """A spawned process pinned to the host cores that builds blobs into the store: the
+    ``BuildDelegate`` of a ``Compiler`` under the split.
 
-    ``build(spec)`` blocks until the host has published the blob (or found it); it is
+    Made before the compiler (which takes it at construction), started by ``start()``
+    or its first request, so a device the compiler refuses spawns nothing. ``build`` is
     thread-safe and serial (one host compile at a time, as one host compile keeps a
     core busy). ``close()`` stops the process.
     """
 
-    def __init__(self, config: _HostConfig) -> None:
-        self.cores = config.host_cores
-        # Spawn, not fork: this process has OpenVINO (and its thread pools) loaded.
-        context = multiprocessing.get_context("spawn")
-        self._requests: Any = context.Queue()
-        self._replies: Any = context.Queue()
-        self._process = context.Process(
-            target=_serve,
-            args=(config, self._requests, self._replies),
-            name="ovspec-host-builder",
-            daemon=True,
-        )
-        self._lock = threading.Lock()
-        self._process.start()
-        ready = self._reply(_START_TIMEOUT_S, "start")
-        self.pid = int(ready["pid"])
-        self.affinity = tuple(ready["affinity"])
-
-    @classmethod
-    def start(
-        cls,
+    def __init__(
+        self,
         *,
         model_root: Path,
         models_folder: Path,
         device: str,
-        properties: dict[str, str],
+        properties: Mapping[str, str],
         store_root: Path,
         compression: str,
         blob_mode: str,
         rewrites: str,
         host_cores: tuple[int, ...],
-    ) -> HostBuilder:
-        return cls(
-            _HostConfig(
-                str(model_root),
-                str(models_folder),
-                device,
-                dict(properties),
-                str(store_root),
-                compression,
-                blob_mode,
-                rewrites,
-                tuple(host_cores),
-            )
+    ) -> None:
+        self._config = _HostConfig(
+            str(model_root),
+            str(models_folder),
+            device,
+            dict(properties),
+            str(store_root),
+            compression,
+            blob_mode,
+            rewrites,
+            tuple(host_cores),
         )
+        self.cores = self._config.host_cores
+        self.pid: int | None = None  # the host process, once started
+        self.affinity: tuple[int, ...] = ()
+        self._lock = threading.Lock()
+        self._process: Any = None
+        self._requests: Any = None
+        self._replies: Any = None
 
-    def build(self, phase: str, capacity_tokens: int, chunk_tokens: int) -> HostBuild:
+    def start(self) -> HostBuilder:
+        """Spawn the host process and wait until it is ready (once)."""
         with self._lock:
-            self._requests.put(("build", phase, capacity_tokens, chunk_tokens))
+            self._start_locked()
+        return self
+
+    def _start_locked(self) -> None:
+        if self._process is not None:
+            return
+        # Spawn, not fork: this process has OpenVINO (and its thread pools) loaded.
+        context = multiprocessing.get_context("spawn")
+        self._requests = context.Queue()
+        self._replies = context.Queue()
+        self._process = context.Process(
+            target=_serve,
+            args=(self._config, self._requests, self._replies),
+            name="ovspec-host-builder",
+            daemon=True,
+        )
+        self._process.start()
+        ready = self._reply(_START_TIMEOUT_S, "start")
+        self.pid = int(ready["pid"])
+        self.affinity = tuple(ready["affinity"])
+
+    def build(self, spec: Specialization) -> DelegatedBuild:
+        with self._lock:
+            self._start_locked()
+            self._requests.put(("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens))
             reply = self._reply(None, "build")
-        return HostBuild(**{**reply["build"], "affinity": tuple(reply["build"]["affinity"])})
+        return DelegatedBuild(**{**reply["build"], "affinity": tuple(reply["build"]["affinity"])})
 
-    def roles_json(self) -> dict[str, Any]:
+    def roles(self) -> ModelRoles:
         """The model's roles, prepared on the host (the decode process never reads the IR)."""
+        from ovspec.ir.roles import ModelRoles
+
         with self._lock:
+            self._start_locked()
             self._requests.put(("roles",))
             reply = self._reply(None, "roles")
-        roles: dict[str, Any] = reply["roles"]
-        return roles
+        return ModelRoles.from_json(reply["roles"])
 
     def _reply(self, timeout_s: float | None, what: str) -> dict[str, Any]:
         began = time.monotonic()
@@ -273,6 +278,8 @@ class HostBuilder:
             return reply
 
     def close(self) -> None:
+        if self._process is None:
+            return
         with contextlib.suppress(Exception):
             self._requests.put(None)
         self._process.join(timeout=30)

@@ -33,9 +33,6 @@ WORKER_FORMAT_VERSION = 1
 # compiler, TBB (its scheduler runs the compile), and the Python binding.
 LIBRARY_MARKERS = ("libopenvino", "npu", "tbb", "_pyopenvino")
 
-# The NPU driver keeps its own compiled-blob cache; a trial bypasses it too.
-NPU_BYPASS_UMD_CACHING = "NPU_BYPASS_UMD_CACHING"
-
 _CHUNK_BYTES = 8 << 20
 
 
@@ -126,7 +123,7 @@ def run(request: WorkerRequest) -> dict[str, Any]:
             "the arm's environment"
         ) from exc
 
-    from ovspec.compile.devices import device_family, resolve_device
+    from ovspec.compile.devices import profile_for
     from ovspec.errors import openvino_message
     from ovspec.ir.specialize import Phase, Specialization, prepare, read_ir
 
@@ -139,16 +136,17 @@ def run(request: WorkerRequest) -> dict[str, Any]:
         raise BadRequestError(
             f"OpenVINO's CACHE_DIR is {cache_dir} in this process; a trial needs it off"
         )
-    properties = dict(request.properties)
+    profile = profile_for(request.device, request.properties)
     try:
         # Loads the plugin before the clock starts: the plugin's load is not the compiler's.
-        supported = set(core.get_property(request.device, "SUPPORTED_PROPERTIES"))
+        supported = frozenset(core.get_property(request.device, "SUPPORTED_PROPERTIES"))
     except RuntimeError as exc:
         raise DeviceError(
             f"device {request.device!r} is not usable here: {openvino_message(exc)}"
         ) from exc
-    if device_family(request.device) == "NPU" and NPU_BYPASS_UMD_CACHING in supported:
-        properties.setdefault(NPU_BYPASS_UMD_CACHING, "YES")
+    properties = profile.trial_properties(
+        profile.required_properties(request.properties), supported
+    )
 
     began = time.perf_counter()
     llm = prepare(read_ir(Path(request.xml_path)))
@@ -180,7 +178,7 @@ def run(request: WorkerRequest) -> dict[str, Any]:
 
     # After the timed compile: reading device facts compiles a one-op probe on CPU,
     # which would otherwise warm the plugin for the compile being timed.
-    facts = resolve_device(core, request.device, properties)
+    facts = profile.resolve(core, properties)
     versions = core.get_versions(request.device)
     version = versions.get(facts.device) or next(iter(versions.values()), None)
     environment = {

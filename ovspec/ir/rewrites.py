@@ -38,7 +38,7 @@ _GQA_REPEAT = ("Unsqueeze", "Broadcast", "Reshape")
 
 
 class GraphRewrite(Enum):
-    """One rewrite of a specialization (DESIGN.md §10, issue 9)."""
+    """One rewrite of a specialization."""
 
     SPLIT_ATTENTION = "split-attention"
     LAST_POSITION = "last-position-logits"
@@ -61,8 +61,8 @@ class RewriteSet:
 
     @classmethod
     def parse(cls, text: str) -> RewriteSet:
-        """``"split-attention+last-position-logits"``, ``"none"`` or ``"default"`` is not
-        accepted here (the device decides the default: ``for_device``)."""
+        """``"split-attention+last-position-logits"`` or ``"none"``; ``"default"`` is not
+        accepted here (the device profile decides the default)."""
         text = text.strip()
         if text in ("", "none"):
             return cls()
@@ -75,16 +75,9 @@ class RewriteSet:
         return cls(frozenset(names[p.strip()] for p in text.replace(",", "+").split("+")))
 
     @classmethod
-    def for_device(cls, family: str) -> RewriteSet:
-        """The default set. Split attention and the last-position head are plain opset
-        ops for every device; the live-tokens state only for CPU, whose plugin keeps f16
-        weights (half the memory and bytes read per step) only for a model with an SDPA
-        and a state variable (DESIGN.md §10.15), and the merged presents only for CPU,
-        where they were measured. NPU graphs stay stateless, their outputs as exported."""
-        base = {GraphRewrite.SPLIT_ATTENTION, GraphRewrite.LAST_POSITION}
-        if family == "CPU":
-            base |= {GraphRewrite.LIVE_STATE, GraphRewrite.MERGED_PRESENTS}
-        return cls(frozenset(base))
+    def every(cls) -> RewriteSet:
+        """Every rewrite (a device profile picks its default set)."""
+        return cls(frozenset(GraphRewrite))
 
 
 def apply_rewrites(

@@ -220,7 +220,7 @@ def measure(
     loader.share_prompt_rung(first)  # as a decode's start does
     say(f"preparing {prefill_spec.label}")
     loader.get(prefill_spec)
-    roles = loader.compiler.roles()
+    roles = loader.roles()
     prefill_program = loader.program(prefill_spec)
     assert prefill_program is not None  # get() just loaded it
     built = prefill_program.build

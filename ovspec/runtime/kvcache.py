@@ -1,21 +1,60 @@
-"""What every KV layout is: the ``KVCache`` interface (bind, write in place, grow at a
-boundary), the ``Migration`` record of one boundary, and the trace of reserved and
-physical KV bytes over a run. The layouts themselves are in ``kv`` and ``kvremap``.
+"""What every KV layout is: the ``KVCache`` interface (say whether a model and ladder
+fit, bind, write in place, grow at a boundary), the ``Migration`` record of one
+boundary, and the trace of reserved and physical KV bytes over a run. The layouts are
+one module each (``kvgrow``, ``kvshared``, ``kvremap``); ``kv`` registers them.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
+from typing import ClassVar
 
 import numpy as np
 import openvino as ov
 
 from ovspec.errors import LadderError
 from ovspec.ir.roles import KVRole, ModelRoles
+from ovspec.ladder import Ladder
 from ovspec.runtime import vmem
+
+
+class KVLayout(Enum):
+    COPY_AND_GROW = "copy-and-grow"
+    SHARED_MAX = "shared-max"
+    REMAP = "remap"
+
+
+class KVLayoutWarning(RuntimeWarning):
+    """The layout asked for cannot run here; another one is used instead."""
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """Why a layout cannot hold a model's KV over a ladder, in one clause."""
+
+    reason: str
+    # The machine lacks what the layout needs: a request for it fails over to the
+    # default with a warning. Otherwise the model or ladder does not fit: refused.
+    platform: bool = False
+
+
+@dataclass(frozen=True)
+class Prefault:
+    """Fault the successor rung's copy target in ``lead_tokens`` before each boundary,
+    on a thread. ``use_memset`` forces memset where ``MADV_POPULATE_WRITE`` exists."""
+
+    ladder: Ladder
+    lead_tokens: int = 16
+    use_memset: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lead_tokens < 1:
+            raise LadderError(f"the pre-fault lead must be >= 1 token, got {self.lead_tokens}")
 
 
 @dataclass(frozen=True)
@@ -57,12 +96,66 @@ def np_dtype(role: KVRole) -> np.dtype[np.generic]:
     return _DTYPES[name]
 
 
+@dataclass(frozen=True)
+class BlockShape:
+    """How one past tensor splits into blocks that move whole at a boundary.
+
+    ``blocks`` is the product of the axes between batch and the sequence axis (the KV
+    heads of ``[1, H, C, D]``); one block holds ``capacity * token_bytes`` bytes.
+    """
+
+    blocks: int
+    token_bytes: int
+
+    @classmethod
+    def of(cls, role: KVRole) -> BlockShape:
+        dims = role.shape(1, 1)
+        inner = math.prod(dims[role.seq_axis + 1 :])
+        return cls(math.prod(dims[1 : role.seq_axis]), inner * int(role.element_type.size))
+
+    def quantum_tokens(self, page_bytes: int) -> int:
+        """The smallest capacity step whose blocks are whole pages (1 for a single block,
+        which starts the tensor's range and so never needs to)."""
+        if self.blocks == 1:
+            return 1
+        return page_bytes // math.gcd(page_bytes, self.token_bytes)
+
+
 class KVCache(ABC):
     """The live KV of one sequence (batch 1) at some rung capacity.
 
     Tensors and arrays handed out are valid until the next ``grow`` (the session binds
     a new request after each); ``close`` releases the memory once nothing points into it.
     """
+
+    layout: ClassVar[KVLayout]
+    # Whether a sequence that names no layout may get this one (in the registry's order).
+    chosen_by_default: ClassVar[bool]
+
+    @classmethod
+    @abstractmethod
+    def create(
+        cls,
+        roles: ModelRoles,
+        capacity_tokens: int,
+        max_capacity_tokens: int,
+        ladder: Ladder | None = None,
+        prefault: Prefault | None = None,
+    ) -> KVCache:
+        """A cache at ``capacity_tokens`` that may grow to ``max_capacity_tokens`` through
+        ``ladder``'s rungs (a layout takes what it uses of these)."""
+
+    @classmethod
+    def unsupported(cls, roles: ModelRoles, ladder: Ladder) -> Unsupported | None:
+        """None where this layout can hold ``roles``' KV over ``ladder`` here."""
+        return None
+
+    @classmethod
+    def refuse(cls, roles: ModelRoles, ladder: Ladder) -> None:
+        """Raise the one-line error of an explicit request this layout cannot take."""
+        why = cls.unsupported(roles, ladder)
+        if why is not None:
+            raise LadderError(f"{why.reason}; choose another KV layout")
 
     def __init__(self, roles: ModelRoles, capacity_tokens: int) -> None:
         self.roles = roles

@@ -15,40 +15,24 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import openvino as ov
 
 from ovspec.errors import LadderError, RemapUnsupportedError
-from ovspec.ir.roles import KVRole, ModelRoles
+from ovspec.ir.roles import ModelRoles
 from ovspec.ladder import Ladder
 from ovspec.runtime import vmem
-from ovspec.runtime.kvcache import KVCache, Migration, np_dtype
-
-
-@dataclass(frozen=True)
-class BlockShape:
-    """How one past tensor splits into blocks that move whole at a boundary.
-
-    ``blocks`` is the product of the axes between batch and the sequence axis (the KV
-    heads of ``[1, H, C, D]``); one block holds ``capacity * token_bytes`` bytes.
-    """
-
-    blocks: int
-    token_bytes: int
-
-    @classmethod
-    def of(cls, role: KVRole) -> BlockShape:
-        dims = role.shape(1, 1)
-        inner = math.prod(dims[role.seq_axis + 1 :])
-        return cls(math.prod(dims[1 : role.seq_axis]), inner * int(role.element_type.size))
-
-    def quantum_tokens(self, page_bytes: int) -> int:
-        """The smallest capacity step whose blocks are whole pages (1 for a single block,
-        which starts the tensor's range and so never needs to)."""
-        if self.blocks == 1:
-            return 1
-        return page_bytes // math.gcd(page_bytes, self.token_bytes)
+from ovspec.runtime.kvcache import (
+    BlockShape,
+    KVCache,
+    KVLayout,
+    Migration,
+    Prefault,
+    Unsupported,
+    np_dtype,
+)
 
 
 def quantum_tokens(roles: ModelRoles, page_bytes: int = vmem.PAGE_BYTES) -> int:
@@ -146,6 +130,40 @@ class RemapKV(KVCache):
     (``prepare_growth``: the move list, the views, the tensors), so the boundary itself
     is the ``mremap`` calls and a swap of bindings.
     """
+
+    layout: ClassVar[KVLayout] = KVLayout.REMAP
+    # The default where it runs: it never copies and never holds two rungs at once.
+    chosen_by_default: ClassVar[bool] = True
+
+    @classmethod
+    def create(
+        cls,
+        roles: ModelRoles,
+        capacity_tokens: int,
+        max_capacity_tokens: int,
+        ladder: Ladder | None = None,
+        prefault: Prefault | None = None,
+    ) -> RemapKV:
+        return cls(roles, capacity_tokens, max_capacity_tokens, ladder)
+
+    @classmethod
+    def unsupported(cls, roles: ModelRoles, ladder: Ladder) -> Unsupported | None:
+        """Pages that cannot be moved here (the platform), or rungs whose head blocks
+        are not whole pages (the ladder)."""
+        reason = vmem.unsupported_reason()
+        if reason is not None:
+            return Unsupported(f"the remap KV layout cannot run here ({reason})", platform=True)
+        bad = misaligned_rungs(roles, ladder)
+        if not bad:
+            return None
+        return Unsupported(
+            f"rung{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} not page-aligned "
+            f"for the remap KV layout (multiples of {quantum_tokens(roles)} tokens)"
+        )
+
+    @classmethod
+    def refuse(cls, roles: ModelRoles, ladder: Ladder) -> None:
+        check_ladder(roles, ladder)
 
     def __init__(
         self,

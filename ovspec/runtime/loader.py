@@ -20,17 +20,22 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 import numpy as np
 import openvino as ov
 
 from ovspec.compile.compiler import Compiler, Program
 from ovspec.compile.halves import CompiledGraph, HalvedCompiledModel
+from ovspec.compile.modes import LoadMode
 from ovspec.errors import CompileError, OvspecError
+from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import KVLayout
 from ovspec.runtime.schedule import WindowPlan, successors_to_start
+from ovspec.store.local import Store
 
 __all__ = ["EventKind", "Loader", "LoaderEvent", "Policy", "WindowPlan"]
 
@@ -86,7 +91,7 @@ class Loader:
         on_steady: Callable[[], None] | None = None,
         halve_prompt_graph: bool = False,
     ) -> None:
-        self.compiler = compiler
+        self._compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
         self.ladder = ladder
         self.policy = policy
@@ -100,14 +105,10 @@ class Loader:
         self._programs: dict[Specialization, Program] = {}
         self._pending: dict[Specialization, Future[Program]] = {}
         self._events: list[LoaderEvent] = []
-        # Under the device/host split the worker thread (waiting for the host's builds,
-        # importing and warming what it published) runs on the host cores, so only the
-        # decode thread and OpenVINO's inference threads use the device cores.
+        # The device/host split: the worker runs on the host cores; once the foreground
+        # is over (it may use every core) ``pin_threads`` puts the decode thread on the
+        # device cores and every other thread on the host cores, again around each load.
         self.worker_cores = worker_cores
-        # ... and once the foreground is over (nothing decodes before: it may use every
-        # core), the decode thread goes to the device cores and the rest, OpenVINO's pool
-        # threads that do most of an import's work included, to the host cores, again
-        # around every load (``split.pin_split``).
         self._pin_threads = pin_threads
         self._split_begun = False
         self._worker = ThreadPoolExecutor(
@@ -119,8 +120,7 @@ class Loader:
         self._closed = False
         self._on_close = list(on_close)
         # Called once, at the first get of a decode graph (after the prompt), or as an
-        # eager start begins (it packs every rung before the prompt): work kept off a
-        # latency-bound start (decoding.open: the weight-page trimmer).
+        # eager start begins: work kept off a latency-bound start (the weight-page trimmer).
         self._on_steady = on_steady
         # A lazy start compiles the graph its prompt waits for as two halves on two cores
         # (``Compiler.load(halves=True)``) when nothing else loads meanwhile.
@@ -156,9 +156,7 @@ class Loader:
         prefill = self._prefill(first_capacity_tokens) if self.prefill_chunk_tokens else None
         if prefill is not None:
             self.share_prompt_rung(first_capacity_tokens)
-        shared = prefill is not None and (
-            self.compiler.graph_spec(decode) == self.compiler.graph_spec(prefill)
-        )
+        shared = prefill is not None and self.graph_spec(decode) == self.graph_spec(prefill)
         if self.policy is Policy.EAGER:
             self._steady()
             rungs = [c for c in self.ladder if c >= first_capacity_tokens]
@@ -196,7 +194,7 @@ class Loader:
         with self._lock:
             if decode in self._programs or decode in self._pending:
                 return
-        self.compiler.share_rung(capacity_tokens)
+        self._compiler.share_rung(capacity_tokens)
 
     def get(self, spec: Specialization | int) -> CompiledGraph:
         """The compiled graph of ``spec`` (a rung means its decode graph); loads it in the
@@ -292,6 +290,42 @@ class Loader:
         """The ``perf_counter`` value event times are measured from."""
         return self._opened_s
 
+    # -- what a runtime needs about the model and the device --------------------------
+
+    def roles(self, hint: Specialization | None = None) -> ModelRoles:
+        """The model's KV tensors, inputs and vocabulary (``hint``: a specialization whose
+        stored blob's record may answer, so a warm start never reads the IR)."""
+        return self._compiler.roles(hint)
+
+    def graph_spec(self, spec: Specialization) -> Specialization:
+        """The specialization whose graph serves ``spec`` (a rung's prefill graph may
+        serve its decode too)."""
+        return self._compiler.graph_spec(spec)
+
+    @property
+    def load_mode(self) -> LoadMode:
+        return self._compiler.load_mode
+
+    @property
+    def properties(self) -> dict[str, str]:  # what graphs are compiled or imported with
+        return dict(self._compiler.properties)
+
+    @property
+    def model_dir(self) -> ModelDir:
+        return self._compiler.model_dir
+
+    @property
+    def weights_path(self) -> Path:
+        return self._compiler.model_dir.bin_path
+
+    @property
+    def weights_bytes(self) -> int:  # what one copy of the weights takes
+        return self.weights_path.stat().st_size
+
+    @property
+    def store(self) -> Store:
+        return self._compiler.store
+
     def program(self, spec: Specialization) -> Program | None:
         with self._lock:
             return self._programs.get(spec)
@@ -342,7 +376,7 @@ class Loader:
         if self._split_begun and self._pin_threads is not None:
             self._pin_threads()
         try:
-            program = self.compiler.load(spec, halves=halves)
+            program = self._compiler.load(spec, halves=halves)
         except Exception as exc:
             # The failed future stays in _pending: get() at the boundary re-raises it
             # rather than compiling the same failure again in the foreground.
@@ -461,7 +495,6 @@ def _prepare_worker(cores: tuple[int, ...] | None) -> None:
 
 
 def _lower_priority() -> None:
-    """Let the decode thread win the cores from background compiles (Linux: per-thread
-    nice). Best effort: a platform without per-thread priorities keeps the default."""
+    """Let the decode thread win the cores from background compiles (per-thread nice)."""
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

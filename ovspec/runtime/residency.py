@@ -83,13 +83,9 @@ class WeightPrefault(threading.Thread):
     read from disk for the others), once ``address()`` has returned the address of one
     weight in it (it may wait for the IR to be read; None: nothing to do).
 
-    On the 0.5B preset the populate took 0.06 s of one core and the first 128-token
-    prefill after a compile fell from 0.80-0.91 s to 0.72-0.77 s (fresh processes,
-    alternating, s22): the packing's page faults had been on the critical path, on both
-    of its threads. Since the prompt's graph compiles in halves on both cores (s23) it
-    shows no more either way (first token 1.585 s without, 1.576 s with; 10 rounds).
-    Best effort: a kernel without the advice (< 5.14) or a missing mapping is a no-op,
-    logged at debug level.
+    It takes the packing's page faults off the first prompt's critical path (its
+    measurements are in docs/DESIGN.md). Best effort: a kernel without the advice
+    (< 5.14) or a missing mapping is a no-op, logged at debug level.
     """
 
     CHUNK_BYTES = 64 << 20  # advised at a time: ``stop`` waits for one chunk at most

@@ -117,6 +117,34 @@ class TrialPlan:
         if not self.device.strip():
             raise BadRequestError(f"the device is empty; give e.g. {arg('device', 'CPU')}")
 
+    @classmethod
+    def for_rungs(
+        cls,
+        model: ModelDir,
+        rungs: Ladder,
+        phase: Phase,
+        chunk_tokens: int,
+        device: str,
+        arms: tuple[ArmSpec, ArmSpec],
+        pairs: int,
+        seed: int,
+        timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
+    ) -> TrialPlan:
+        """The trial of one specialization per rung of ``rungs`` (which must fit the
+        model), the model named by its digest."""
+        rungs.check_fits(model.max_position_embeddings)
+        return cls(
+            model=model,
+            model_digest=model_digest(model, DigestMemo()),
+            specializations=specializations_for(rungs, phase, chunk_tokens),
+            device=device,
+            arm_a=arms[0],
+            arm_b=arms[1],
+            pairs=pairs,
+            seed=seed,
+            timeout_s=timeout_s,
+        )
+
     def arm(self, arm: Arm) -> ArmSpec:
         return self.arm_a if arm is Arm.A else self.arm_b
 

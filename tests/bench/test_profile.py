@@ -20,10 +20,10 @@ from ovspec.bench.profile import (
     stateful_floor_ms,
 )
 from ovspec.cli import cli
+from ovspec.compile.devices import profile_for
 from ovspec.errors import BadRequestError
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
-from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import to_stateless
 
 
@@ -31,7 +31,10 @@ def test_profile_names_the_op_types_of_both_graphs(qwen2_dir: Path) -> None:
     report = profile_rung(
         ModelDir.open(qwen2_dir), 32, steps=2, properties=EXACT_CPU_PROPERTIES, chunk_tokens=8
     )
-    assert report.live_tokens == 31 and report.rewrites == RewriteSet.for_device("CPU").canonical
+    assert (
+        report.live_tokens == 31
+        and report.rewrites == profile_for("CPU").default_rewrites.canonical
+    )
     assert report.graph == "decode@32"  # a later rung's static graph, by default
     assert "FullyConnected" in report.rung.by_type_ms
     assert report.stateful is not None

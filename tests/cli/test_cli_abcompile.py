@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.cli import cli
-from ovspec.compile.devices import blob_control
+from ovspec.compile.devices.facts import blob_control
 
 
 def run(*args: str) -> Result:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.cli import cli
 from ovspec.cli.generate import KV_LAYOUT_CHOICES, POLICY_CHOICES
-from ovspec.compile.modes import default_load_mode
+from ovspec.compile.devices import profile_for
 from ovspec.errors import BadRequestError, ModelError
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
@@ -95,7 +95,7 @@ def test_greedy_ids_equal_the_stateful_model_and_genai(
         load_mode,
         *EXACT,
     )
-    expected_mode = default_load_mode("CPU").value if load_mode == "auto" else load_mode
+    expected_mode = profile_for("CPU").default_load_mode.value if load_mode == "auto" else load_mode
     assert document["load_mode"] == expected_mode
     control = StatefulRunner(
         ov.Core().read_model(fixture_dir / "openvino_model.xml"), "CPU", EXACT_CPU_PROPERTIES

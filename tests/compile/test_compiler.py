@@ -12,6 +12,7 @@ from conftest import load_llm
 
 from ovspec.compile.blobfile import FileSink
 from ovspec.compile.compiler import Compiler
+from ovspec.compile.devices import profile_for
 from ovspec.compile.modes import BlobMode, LoadMode
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir
@@ -164,7 +165,7 @@ def test_weights_digest_is_memoized_across_compilers(qwen2_dir: Path, store: Sto
 def test_only_the_latest_prompts_rung_decodes_on_its_prefill_graph(
     qwen2_dir: Path, store: Store
 ) -> None:
-    cpu = RewriteSet.for_device("CPU")
+    cpu = profile_for("CPU").default_rewrites
     compiler = make(qwen2_dir, store, rewrites=cpu, load_mode=LoadMode.COMPILE, rung_chunk_tokens=8)
     try:
         assert compiler.graph_spec(Specialization.decode(64)) == Specialization.decode(64)

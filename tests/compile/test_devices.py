@@ -11,13 +11,8 @@ from pathlib import Path
 import openvino as ov
 import pytest
 
-from ovspec.compile.devices import (
-    blob_control,
-    blob_neutral_properties,
-    choose_blob_control,
-    key_properties,
-    resolve_device,
-)
+from ovspec.compile.devices import profile_for
+from ovspec.compile.devices.facts import blob_control, choose_blob_control
 from ovspec.errors import DeviceError
 
 # Exports in one process embed per-process node-name counters, so each variant
@@ -61,7 +56,8 @@ def export_digest(model_xml: Path, props: dict[str, str]) -> str:
 def test_properties_left_out_of_cpu_keys_do_not_change_the_blob(
     qwen2_dir: Path, tmp_path: Path
 ) -> None:
-    assert set(NEUTRAL_VARIANTS) == blob_neutral_properties("CPU")
+    cpu = profile_for("CPU")
+    assert set(NEUTRAL_VARIANTS) == cpu.blob_neutral_properties
     xml = qwen2_dir / "openvino_model.xml"
     variants = {k: {k: v.format(tmp=tmp_path)} for k, v in NEUTRAL_VARIANTS.items()}
     # The control: a property that changes the blob on this CPU (chosen from what the
@@ -79,7 +75,7 @@ def test_properties_left_out_of_cpu_keys_do_not_change_the_blob(
     assert digests == dict.fromkeys(digests, baseline.result())
     # ...and the key agrees: neutral properties leave it unchanged, the control does not.
     for props in variants.values():
-        changed = key_properties("CPU", props) != key_properties("CPU", {})
+        changed = cpu.key_properties(props) != cpu.key_properties({})
         assert changed == (control_name in props)
 
 
@@ -110,15 +106,16 @@ def test_blob_control_follows_what_the_device_reports(
 
 
 def test_key_properties_are_canonical() -> None:
-    a = key_properties("CPU", {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"})
-    b = key_properties("CPU", {"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"})
+    cpu, npu = profile_for("CPU"), profile_for("NPU")
+    a = cpu.key_properties({"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"})
+    b = cpu.key_properties({"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"})
     assert a == b
     # NPU keeps PERFORMANCE_HINT in the key: it is only known neutral on CPU.
-    assert key_properties("NPU", {"PERFORMANCE_HINT": "LATENCY"}) != key_properties("NPU", {})
+    assert npu.key_properties({"PERFORMANCE_HINT": "LATENCY"}) != npu.key_properties({})
 
 
 def test_cpu_facts_name_the_processor() -> None:
-    facts = resolve_device(ov.Core(), "CPU", {})
+    facts = profile_for("CPU").resolve(ov.Core(), {})
     names = dict(facts.identity)
     assert "FULL_DEVICE_NAME" in names and "DEVICE_ARCHITECTURE" in names
     assert not facts.offline
@@ -126,11 +123,11 @@ def test_cpu_facts_name_the_processor() -> None:
 
 def test_unknown_device_is_a_clear_error() -> None:
     with pytest.raises(DeviceError, match="device 'XPU' is not available here"):
-        resolve_device(ov.Core(), "XPU", {})
+        profile_for("XPU").resolve(ov.Core(), {})
 
 
 def test_absent_npu_explains_offline_compile() -> None:
     if "NPU" in ov.Core().available_devices:
         pytest.skip("this machine has an NPU")
     with pytest.raises(DeviceError, match="NPU_PLATFORM"):
-        resolve_device(ov.Core(), "NPU", {})
+        profile_for("NPU").resolve(ov.Core(), {})

@@ -9,6 +9,7 @@ import pytest
 
 from ovspec.compile import preparing as preparing_module
 from ovspec.compile.compiler import Compiler
+from ovspec.compile.devices import CpuProfile
 from ovspec.compile.modes import LoadMode
 from ovspec.compile.preparing import PreparedModel
 from ovspec.errors import DeviceError, ModelError
@@ -64,7 +65,7 @@ def test_a_compiler_that_compiles_from_the_ir_prepares_while_it_probes_the_devic
         raise DeviceError("no such device (test)")
 
     monkeypatch.setattr(preparing_module, "prepare_model", prepare_model)
-    monkeypatch.setattr("ovspec.compile.compiler.resolve_device", probe)
+    monkeypatch.setattr(CpuProfile, "resolve", probe)
     with pytest.raises(DeviceError, match="no such device"):
         Compiler(
             ModelDir.open(qwen2_dir), "CPU", EXACT_CPU_PROPERTIES, store, load_mode=LoadMode.COMPILE

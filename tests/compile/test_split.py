@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 import ovspec.runtime.decoding as runtime
-from ovspec.compile.split import CoreSplit, pin_process, pin_split, thread_affinities, usable_cores
+from ovspec.compile.split import (
+    CoreSplit,
+    HostBuilder,
+    pin_process,
+    pin_split,
+    thread_affinities,
+    usable_cores,
+)
 from ovspec.errors import BadRequestError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.runtime.loader import EventKind
@@ -44,7 +51,13 @@ def test_core_split_validates_and_parses() -> None:
 
 def test_split_refuses_compile_mode(tmp_path: Path) -> None:
     with pytest.raises(BadRequestError, match="needs load_mode=import"):
-        runtime.open(MODEL, ladder="32,64", store=tmp_path / "s", load_mode="compile", split=True)
+        runtime.open(
+            MODEL,
+            ladder="32,64",
+            store=tmp_path / "s",
+            load_mode="compile",
+            tuning=runtime.Tuning(split=True),
+        )
 
 
 @needs_two_cores
@@ -56,13 +69,17 @@ def test_split_pins_builds_on_the_host_and_decodes_the_same_tokens(tmp_path: Pat
     # round differently, and the fixture's random logits have near-ties.
     exact = dict(EXACT_CPU_PROPERTIES)
     with runtime.open(
-        MODEL, ladder="32,64,128", store=tmp_path / "split", split=split, properties=exact
+        MODEL,
+        ladder="32,64,128",
+        store=tmp_path / "split",
+        properties=exact,
+        tuning=runtime.Tuning(split=split),
     ) as loader:
-        builder = loader.compiler.host_builder
-        assert builder is not None
+        builder = loader._compiler.delegate  # the host process, started by open
+        assert isinstance(builder, HostBuilder) and builder.pid is not None
         assert builder.pid != os.getpid() and builder.affinity == split.host
         assert os.sched_getaffinity(0) == before  # the foreground may use every core
-        assert loader.compiler.properties["INFERENCE_NUM_THREADS"] == "1"
+        assert loader.properties["INFERENCE_NUM_THREADS"] == "1"
         result = runtime.decode(loader, PROMPT, max_new_tokens=70)
         # The decode thread alone is on the device core: the loader's worker (waiting
         # for the host, importing) and OpenVINO's pool threads (building an imported
@@ -127,7 +144,11 @@ def test_a_successor_imports_off_the_decode_core(tmp_path: Path) -> None:
     cores = usable_cores()
     split = CoreSplit((cores[0],), (cores[1],))
     with runtime.open(
-        MODEL, ladder="32,64", store=tmp_path / "s", split=split, policy="one_ahead"
+        MODEL,
+        ladder="32,64",
+        store=tmp_path / "s",
+        policy="one_ahead",
+        tuning=runtime.Tuning(split=split),
     ) as loader:
         loader.start(32)
         loader.get(32)  # queues decode@64 on the worker

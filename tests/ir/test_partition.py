@@ -13,6 +13,7 @@ import pytest
 from conftest import DirectPrograms, load_llm
 
 import ovspec.ir.partition as partition
+from ovspec.compile.devices import profile_for
 from ovspec.compile.halves import compile_halves
 from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE
 from ovspec.ir.partition import HANDOFF_PREFIX, LLM_MARKER_VARIABLE, split_in_two
@@ -28,7 +29,7 @@ FIRST_GRAPH = serving_spec(Specialization.prefill(32, 8), 8, 32)  # 1..8 tokens,
 
 
 def _graph(llm: DynamicLLM, rewrites: RewriteSet | None = None) -> ov.Model:
-    return llm.specialize(FIRST_GRAPH, rewrites or RewriteSet.for_device("CPU"))
+    return llm.specialize(FIRST_GRAPH, rewrites or profile_for("CPU").default_rewrites)
 
 
 def _weight_matmuls(model: ov.Model) -> int:
@@ -100,7 +101,7 @@ def test_weights_stay_constants_on_both_sides_of_the_cut(llm: DynamicLLM) -> Non
 def test_a_static_graph_stays_static_in_the_back(llm: DynamicLLM) -> None:
     """What the back computes from input shapes (a chunk's length, positions) it computes
     itself: handed across as data, every shape after it would become dynamic."""
-    model = llm.specialize(Specialization.decode(32), RewriteSet.for_device("CPU"))
+    model = llm.specialize(Specialization.decode(32), profile_for("CPU").default_rewrites)
     assert all(out.get_partial_shape().is_static for n in model.get_ops() for out in n.outputs())
     halves = split_in_two(model, llm.roles)
     assert halves is not None
@@ -124,7 +125,7 @@ def test_the_halves_decode_as_the_stateful_model(four_layers: Path, one_graph: b
     )
     programs = DirectPrograms(
         llm,
-        rewrites=RewriteSet.for_device("CPU"),
+        rewrites=profile_for("CPU").default_rewrites,
         rung_chunk_tokens=8 if one_graph else None,
         halves=True,
     )
@@ -162,7 +163,7 @@ def test_a_graph_of_one_layer_is_not_cut(llm: DynamicLLM) -> None:
 # CPU's default stacks every present in one output; without it each layer's K/V is an
 # output of its own, and the front's last K/V is also handed to the back.
 OUTPUTS = {
-    "merged-presents": RewriteSet.for_device("CPU"),
+    "merged-presents": profile_for("CPU").default_rewrites,
     "separate-presents": RewriteSet.parse("split-attention+last-position-logits+live-tokens-state"),
 }
 

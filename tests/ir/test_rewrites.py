@@ -10,6 +10,7 @@ import openvino as ov
 import pytest
 from conftest import DirectPrograms, load_llm
 
+from ovspec.compile.devices import profile_for
 from ovspec.errors import ModelError
 from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE, PRESENTS_OUTPUT
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
@@ -27,9 +28,9 @@ LADDER = Ladder((32, 64, 128))
 SETS = {
     "none": RewriteSet(),
     "split": RewriteSet.parse("split-attention"),
-    "npu-default": RewriteSet.for_device("NPU"),
-    "cpu-default": RewriteSet.for_device("CPU"),
-    # CPU graphs before s21: one output per present.
+    "npu-default": profile_for("NPU").default_rewrites,
+    "cpu-default": profile_for("CPU").default_rewrites,
+    # CPU's set with one output per present (before merged presents).
     "cpu-separate": RewriteSet.parse("split-attention+last-position-logits+live-tokens-state"),
 }
 
@@ -212,13 +213,13 @@ def test_a_refused_rewrite_leaves_the_graph_as_it_was(qwen2_dir: Path) -> None:
 
 
 def test_rewrite_sets_parse_and_name_themselves() -> None:
-    cpu = RewriteSet.for_device("CPU")
-    assert cpu.canonical == (
+    every = RewriteSet.every()
+    assert every.canonical == (
         "last-position-logits+live-tokens-state+merged-presents+split-attention"
     )
-    assert RewriteSet.parse(cpu.canonical) == cpu
-    assert RewriteSet.parse("split-attention,last-position-logits") == RewriteSet.for_device("NPU")
-    assert GraphRewrite.LIVE_STATE not in RewriteSet.for_device("NPU")
+    assert RewriteSet.parse(every.canonical) == every
+    portable = RewriteSet.parse("split-attention,last-position-logits")
+    assert portable.rewrites == {GraphRewrite.SPLIT_ATTENTION, GraphRewrite.LAST_POSITION}
     assert RewriteSet.parse("none") == RewriteSet() and RewriteSet().canonical == "none"
     with pytest.raises(ModelError, match="unknown rewrite 'fold'"):
         RewriteSet.parse("split-attention+fold")

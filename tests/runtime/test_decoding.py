@@ -15,7 +15,7 @@ from ovspec.compile.halves import HalvedCompiledModel
 from ovspec.errors import BadRequestError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
 from ovspec.ir.specialize import Specialization
-from ovspec.runtime.decoding import decode
+from ovspec.runtime.decoding import Tuning, decode
 from ovspec.runtime.kv import KVLayout
 from ovspec.runtime.loader import EventKind, Loader, Policy
 from ovspec.store.local import Store
@@ -296,7 +296,7 @@ def test_the_prompts_graph_compiles_in_two_halves_and_decodes_the_same_tokens(
     prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
     expected = _stateful(qwen2_dir).greedy(prompt, 60)
     for halves in (True, False):
-        with _cpu_ladder(qwen2_dir, store, halve_prompt_graph=halves) as loader:
+        with _cpu_ladder(qwen2_dir, store, tuning=Tuning(halve_prompt_graph=halves)) as loader:
             assert loader.halve_prompt_graph is halves
             result = decode(loader, prompt, max_new_tokens=60, release_passed_rungs=False)
             first = loader.program(Specialization.prefill(32, 8))
@@ -314,7 +314,7 @@ def test_halving_is_refused_where_it_cannot_apply(
     qwen2_dir: Path, store: Store, options: dict[str, str]
 ) -> None:
     with pytest.raises(BadRequestError, match="halve_prompt_graph"):
-        _cpu_ladder(qwen2_dir, store, halve_prompt_graph=True, **options)
+        _cpu_ladder(qwen2_dir, store, tuning=Tuning(halve_prompt_graph=True), **options)
 
 
 @pytest.mark.parametrize(

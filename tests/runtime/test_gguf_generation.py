@@ -43,7 +43,7 @@ def test_greedy_tokens_equal_genai_on_the_gguf(gguf_file: Path, store: Store) ->
         gguf_file, ladder="32,64,128", properties=EXACT_CPU_PROPERTIES, store=store
     ) as loader:
         result = decode(loader, PROMPT, max_new_tokens=NEW_TOKENS)
-        report = loader.compiler.llm().normalized
+        report = loader._compiler.llm().normalized  # what normalization did to the IR
     assert list(result.token_ids) == expected
     assert result.rungs == (32, 64, 128)
     assert [b.at_live_tokens for b in result.boundaries] == [32, 64]

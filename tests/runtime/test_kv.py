@@ -1,4 +1,5 @@
-"""Copy-and-grow over page mappings, with and without pre-faulting the successor."""
+"""The KV layout registry, and copy-and-grow over page mappings, with and without
+pre-faulting the successor."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ from ovspec.errors import LadderError, MappingError
 from ovspec.ir.roles import ModelRoles
 from ovspec.ladder import Ladder
 from ovspec.runtime import vmem
-from ovspec.runtime.kv import CopyAndGrowKV, Prefault, SharedMaxKV
+from ovspec.runtime.kv import (
+    LAYOUTS,
+    CopyAndGrowKV,
+    KVCache,
+    KVLayout,
+    Prefault,
+    SharedMaxKV,
+    Unsupported,
+    choose_layout,
+    layout_class,
+    make_kv,
+)
 
 PAGE = vmem.PAGE_BYTES
 TOKEN_BYTES = 64 * 4
@@ -136,3 +148,61 @@ def test_shared_max_reports_its_buffers(roles: ModelRoles, dense: bool) -> None:
     writer.fill_to_capacity(cache)  # the new rung's slots after the live ones
     cache.grow(1024)
     assert writer.matches(cache)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+def test_every_layout_is_registered_once_and_made_by_its_class(roles: ModelRoles) -> None:
+    assert sorted(cls.layout.value for cls in LAYOUTS) == sorted(k.value for k in KVLayout)
+    for layout in KVLayout:
+        if layout is KVLayout.REMAP and vmem.unsupported_reason() is not None:
+            continue
+        cache = make_kv(layout, roles, 256, 512, ladder=Ladder((256, 512)))
+        try:
+            assert type(cache) is layout_class(layout) and cache.layout is layout
+        finally:
+            cache.close()
+    # Shared-max reserves the top rung from the start: never a default.
+    assert [c.layout for c in LAYOUTS if c.chosen_by_default] == [
+        KVLayout.REMAP,
+        KVLayout.COPY_AND_GROW,
+    ]
+
+
+class _Refusing(CopyAndGrowKV):
+    """A layout that cannot take a ladder with a rung over 256 tokens."""
+
+    @classmethod
+    def unsupported(cls, roles: ModelRoles, ladder: Ladder) -> Unsupported | None:
+        return Unsupported("over 256 tokens") if ladder.top_tokens > 256 else None
+
+
+class _Absent(CopyAndGrowKV):
+    """A layout this machine lacks."""
+
+    layout = KVLayout.SHARED_MAX
+
+    @classmethod
+    def unsupported(cls, roles: ModelRoles, ladder: Ladder) -> Unsupported | None:
+        return Unsupported("no such hardware here", platform=True)
+
+
+def test_the_choice_asks_each_layout_in_the_registrys_order(
+    roles: ModelRoles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: tuple[type[KVCache], ...] = (_Refusing, SharedMaxKV, CopyAndGrowKV)
+    monkeypatch.setattr("ovspec.runtime.kv.LAYOUTS", order)
+    # The default skips what does not fit, and says why.
+    fits = choose_layout(None, roles, Ladder((256,)))
+    assert fits.layout is KVLayout.COPY_AND_GROW and fits.note == ""  # _Refusing is it
+    skipped = choose_layout(None, roles, Ladder((256, 512)))
+    assert skipped.note == "over 256 tokens; using copy-and-grow" and not skipped.failover
+    # Asked for by name: a ladder it cannot take is refused, in its own words.
+    with pytest.raises(LadderError, match="over 256 tokens; choose another KV layout"):
+        choose_layout(KVLayout.COPY_AND_GROW, roles, Ladder((256, 512)))
+    # A layout the platform lacks fails over to the default, with the note.
+    monkeypatch.setattr("ovspec.runtime.kv.LAYOUTS", (_Absent, CopyAndGrowKV))
+    asked = choose_layout(KVLayout.SHARED_MAX, roles, Ladder((256, 512)))
+    assert asked.layout is KVLayout.COPY_AND_GROW and asked.failover
+    assert asked.note == "no such hardware here; using copy-and-grow"

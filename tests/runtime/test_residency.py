@@ -18,7 +18,7 @@ from ovspec.errors import MappingError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.specialize import prefill_specialization
 from ovspec.runtime import residency, vmem
-from ovspec.runtime.decoding import decode
+from ovspec.runtime.decoding import Tuning, decode
 from ovspec.runtime.decoding import open as open_loader
 from ovspec.runtime.loader import Loader
 from ovspec.runtime.residency import (
@@ -171,7 +171,7 @@ def _open(tiny_dir: Path, store: Store, trim: bool, policy: str = "one_ahead") -
         properties=EXACT_CPU_PROPERTIES,
         store=store,
         prefill_chunk_tokens=16,
-        trim_weight_pages=trim,
+        tuning=Tuning(trim_weight_pages=trim),
         policy=policy,
     )
 
@@ -211,7 +211,7 @@ def _decode_and_measure(
     decode (waiting for the trimmer to drop them, 30 s at most)."""
     with _open(tiny_dir, store, trim) as loader:
         result = decode(loader, prompt, max_new_tokens=80)
-        address = loader.compiler.mapped_weights_address()
+        address = loader._compiler.mapped_weights_address()  # the trimmer's anchor
         assert address is not None
         # The trimmer counts its pages once a second when nothing moves RssFile; its
         # thread may wait its turn on a loaded machine.

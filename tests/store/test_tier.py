@@ -305,11 +305,11 @@ def test_open_takes_a_remote_from_its_argument_or_the_environment(
 ) -> None:
     remote = remote_for(seaweed, new_prefix())
     with decoding.open(tiny_dir, LADDER, store=tmp_path / "s", remote=remote) as loader:
-        tier = loader.compiler.store.tier
+        tier = loader.store.tier
         assert tier is not None and tier.remote is remote
     monkeypatch.setenv("OVSPEC_REMOTE", "s3://team-cache/from-env")
     with decoding.open(tiny_dir, LADDER, store=tmp_path / "s") as loader:
-        tier = loader.compiler.store.tier
+        tier = loader.store.tier
         assert tier is not None and tier.remote.url == "s3://team-cache/from-env"
     with Store(tmp_path / "t") as store, pytest.raises(BadRequestError, match="give remote="):
         decoding.open(tiny_dir, LADDER, store=store, remote=remote)

@@ -1,15 +1,17 @@
-"""Devices: is the requested device usable here, and what identifies its compiler.
+"""What identifies a device's compiler, and which properties it takes.
 
-Answers two questions for blob keys and clear errors: which read-only facts name
-the device and its compiler/driver (architecture, versions, platform), and which
-compile properties can change a blob (the rest are left out of the key on purpose).
+Reads the read-only facts that name a device and its compiler/driver (architecture,
+versions, what an imported blob requires) for blob keys, refuses properties the device
+does not know or will not take before anything compiles, and picks a property that
+changes a blob (the positive control of blob-identity checks). The per-device choices
+built on these are in the device profiles beside this module.
 """
 
 from __future__ import annotations
 
 import difflib
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import openvino as ov
@@ -18,9 +20,9 @@ from ovspec.errors import DeviceError, arg, openvino_message
 from ovspec.store.keys import canonical_mapping
 
 # Read-only properties that identify what compiles the blob. Each is read only if the
-# device lists it in SUPPORTED_PROPERTIES, so one list serves every device.
-# CPU blobs also carry RUNTIME_REQUIREMENTS (OpenVINO version and ISA, checked at
-# import), read from a compiled probe below.
+# device lists it in SUPPORTED_PROPERTIES, so one list serves every device. CPU blobs
+# also carry RUNTIME_REQUIREMENTS (OpenVINO version and ISA, checked at import), read
+# from a compiled probe below.
 IDENTITY_PROPERTIES: tuple[str, ...] = (
     "DEVICE_ARCHITECTURE",
     "FULL_DEVICE_NAME",
@@ -31,34 +33,12 @@ IDENTITY_PROPERTIES: tuple[str, ...] = (
     "DEVICE_GOPS",
 )
 
-# Properties that cannot change an exported blob, per device family: scheduling,
-# threading, logging and cache plumbing. They are left out of the key. CPU's list was
-# measured (tests/test_devices.py compiles with each one in a fresh process and
-# compares export bytes); other families keep only what is neutral by construction.
-# Anything not listed is in the key: an unknown property costs a recompile, never a
-# wrong blob.
-_ALWAYS_NEUTRAL = frozenset({"PERF_COUNT", "LOG_LEVEL", "CACHE_DIR"})
-BLOB_NEUTRAL_PROPERTIES: dict[str, frozenset[str]] = {
-    "CPU": _ALWAYS_NEUTRAL
-    | {
-        "NUM_STREAMS",
-        "INFERENCE_NUM_THREADS",
-        "ENABLE_CPU_PINNING",
-        "ENABLE_CPU_RESERVATION",
-        "ENABLE_HYPER_THREADING",
-        "SCHEDULING_CORE_TYPE",
-        "PERFORMANCE_HINT",
-        "PERFORMANCE_HINT_NUM_REQUESTS",
-    },
-}
-
-
-def blob_neutral_properties(device: str) -> frozenset[str]:
-    return BLOB_NEUTRAL_PROPERTIES.get(device_family(device), _ALWAYS_NEUTRAL)
-
-
-# Offline NPU compiles (no device) need the plugin compiler and a named platform.
-NPU_PLATFORM_PROPERTY = "NPU_PLATFORM"
+# Properties the OpenVINO core takes for any device (not in a plugin's
+# SUPPORTED_PROPERTIES), and the ones ovspec itself passes.
+CORE_PROPERTIES = frozenset(
+    {"CACHE_DIR", "CACHE_MODE", "ENABLE_MMAP", "FORCE_TBB_TERMINATE", "WEIGHTS_PATH"}
+    | {"ENABLE_WEIGHTLESS"}
+)
 
 
 @dataclass(frozen=True)
@@ -74,52 +54,42 @@ class DeviceFacts:
         return canonical_mapping(self.identity)
 
 
-def device_family(device: str) -> str:
-    """``NPU.0`` -> ``NPU``; ``CPU`` -> ``CPU``."""
-    return device.split(".", 1)[0].upper()
-
-
-def resolve_device(core: ov.Core, device: str, properties: Mapping[str, str]) -> DeviceFacts:
-    """Check ``device`` can compile here; read the facts that go into a blob key."""
+def is_available(core: ov.Core, device: str) -> bool:
     available = list(core.available_devices)
-    family = device_family(device)
-    if device not in available and device.upper() not in available:
-        if family == "NPU" and NPU_PLATFORM_PROPERTY in properties:
-            # Offline compile: the device is absent, so its identity is the platform
-            # the user named plus the plugin compiler's version if it reports one.
-            identity = {NPU_PLATFORM_PROPERTY: properties[NPU_PLATFORM_PROPERTY]}
-            identity.update(_read_identity(core, family))
-            return DeviceFacts(family, tuple(sorted(identity.items())), offline=True)
-        hint = ""
-        if family == "NPU":
-            hint = (
-                "; offline NPU compiles need the NPU plugin compiler library (not in the pip "
-                f"wheel) and {arg('properties', 'NPU_PLATFORM=4000')} (your platform) with "
-                f"{arg('properties', 'NPU_COMPILER_TYPE=PLUGIN')}"
-            )
-        raise DeviceError(
-            f"device {device!r} is not available here (available: {', '.join(available)}){hint}"
-        )
+    return device in available or device.upper() in available
+
+
+def absent_device_message(core: ov.Core, device: str, hint: str = "") -> str:
+    available = ", ".join(core.available_devices)
+    return f"device {device!r} is not available here (available: {available}){hint}"
+
+
+def present_facts(core: ov.Core, device: str, properties: Mapping[str, str]) -> DeviceFacts:
+    """The facts of a device that is here, once it has taken ``properties``."""
     check_properties(core, device, properties)
-    return DeviceFacts(device, tuple(sorted(_read_identity(core, device).items())), offline=False)
+    return DeviceFacts(device, tuple(sorted(read_identity(core, device).items())), offline=False)
 
 
-# Properties the OpenVINO core takes for any device (not in a plugin's
-# SUPPORTED_PROPERTIES), and the ones ovspec itself passes.
-CORE_PROPERTIES = frozenset(
-    {"CACHE_DIR", "CACHE_MODE", "ENABLE_MMAP", "FORCE_TBB_TERMINATE", "WEIGHTS_PATH"}
-    | {"ENABLE_WEIGHTLESS"}
-)
+def _lists_none(_name: str) -> bool:
+    return False
+
+
 _CHECKED_PROPERTIES: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 
 
-def check_properties(core: ov.Core, device: str, properties: Mapping[str, str]) -> None:
-    """Refuse properties the device does not know or will not take, before
-    anything compiles (issue 10: they passed ``build`` and failed at import, exit 3).
+def check_properties(
+    core: ov.Core,
+    device: str,
+    properties: Mapping[str, str],
+    unlisted: Callable[[str], bool] = _lists_none,
+) -> None:
+    """Refuse properties the device does not know or will not take, before anything
+    compiles (a bad value would otherwise pass ``build`` and fail at import).
 
-    Names are checked against the device's SUPPORTED_PROPERTIES; values by compiling,
-    exporting and importing a one-op probe with them (~0.1 s, once per process and set
-    of properties): the plugins check values only when a model is compiled.
+    Names are checked against the device's SUPPORTED_PROPERTIES (``unlisted``: names the
+    plugin takes without listing them); values by compiling, exporting and importing a
+    one-op probe with them (~0.1 s, once per process and set of properties): the
+    plugins check values only when a model is compiled.
     """
     if not properties:
         return
@@ -131,7 +101,8 @@ def check_properties(core: ov.Core, device: str, properties: Mapping[str, str]) 
     except RuntimeError:
         supported = set()
     if supported:
-        unknown = sorted(k for k in properties if k not in supported | CORE_PROPERTIES)
+        known = supported | CORE_PROPERTIES
+        unknown = sorted(k for k in properties if k not in known and not unlisted(k))
         if unknown:
             near = difflib.get_close_matches(unknown[0].upper(), sorted(supported), n=1)
             hint = f"did you mean {near[0]}?" if near else f"it lists {len(supported)};"
@@ -168,7 +139,8 @@ def _rejected(
     )
 
 
-def _read_identity(core: ov.Core, device: str) -> dict[str, str]:
+def read_identity(core: ov.Core, device: str) -> dict[str, str]:
+    """The identity properties ``device`` reports (and what its blobs require)."""
     try:
         supported = set(core.get_property(device, "SUPPORTED_PROPERTIES"))
     except RuntimeError:
@@ -209,10 +181,10 @@ def _runtime_requirements(core: ov.Core, device: str) -> str:
     return value
 
 
-def key_properties(device: str, properties: Mapping[str, str]) -> str:
-    """The compile properties that can change a blob on ``device``, canonicalized."""
-    neutral = blob_neutral_properties(device)
-    return canonical_mapping((k, v) for k, v in properties.items() if k.upper() not in neutral)
+def canonical_key_properties(properties: Mapping[str, str], neutral: Iterable[str]) -> str:
+    """``properties`` without the ``neutral`` ones, canonicalized for a blob key."""
+    left_out = frozenset(neutral)
+    return canonical_mapping((k, v) for k, v in properties.items() if k.upper() not in left_out)
 
 
 # OPTIMIZATION_CAPABILITIES names -> INFERENCE_PRECISION_HINT values, in the order a
@@ -256,6 +228,6 @@ def compiler_version(core: ov.Core, facts: DeviceFacts) -> str:
     versions = {k: v for k, v in facts.identity if "VERSION" in k}
     if versions:
         return canonical_mapping(versions.items())
-    # CPU/GPU compile inside the plugin: its build number names the compiler.
+    # A plugin that compiles inside itself (CPU, GPU): its build number names the compiler.
     build = core.get_versions(facts.device).get(facts.device)
     return str(build.build_number) if build is not None else "unknown"

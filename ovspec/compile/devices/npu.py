@@ -1,0 +1,51 @@
+"""An Intel NPU through the NPU plugin and its compiler: blobs through the store, the
+portable rewrites, offline compiles for an absent device with a named platform, and no
+driver cache under a timed compile."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import openvino as ov
+
+from ovspec.compile.devices.facts import DeviceFacts, absent_device_message, read_identity
+from ovspec.compile.devices.profile import DeviceProfile, device_family
+from ovspec.errors import DeviceError, arg
+
+# Offline compiles (no device) need the plugin compiler and a named platform.
+NPU_PLATFORM_PROPERTY = "NPU_PLATFORM"
+# The driver keeps its own compiled-blob cache; a timed compile bypasses it.
+NPU_BYPASS_UMD_CACHING = "NPU_BYPASS_UMD_CACHING"
+
+
+@dataclass(frozen=True)
+class NpuProfile(DeviceProfile):
+    """The NPU plugin on NPU silicon, or compiling offline for a named platform."""
+
+    @classmethod
+    def claims(cls, family: str, properties: Mapping[str, str]) -> bool:
+        return family == "NPU"
+
+    def trial_properties(
+        self, properties: Mapping[str, str], supported: frozenset[str]
+    ) -> dict[str, str]:
+        props = dict(properties)
+        if NPU_BYPASS_UMD_CACHING in supported:
+            props.setdefault(NPU_BYPASS_UMD_CACHING, "YES")
+        return props
+
+    def absent(self, core: ov.Core, properties: Mapping[str, str]) -> DeviceFacts:
+        """Offline compile: the identity is the platform the user named plus the plugin
+        compiler's version if it reports one."""
+        family = device_family(self.device)
+        if NPU_PLATFORM_PROPERTY in properties:
+            identity = {NPU_PLATFORM_PROPERTY: properties[NPU_PLATFORM_PROPERTY]}
+            identity.update(read_identity(core, family))
+            return DeviceFacts(family, tuple(sorted(identity.items())), offline=True)
+        hint = (
+            "; offline NPU compiles need the NPU plugin compiler library (not in the pip "
+            f"wheel) and {arg('properties', 'NPU_PLATFORM=4000')} (your platform) with "
+            f"{arg('properties', 'NPU_COMPILER_TYPE=PLUGIN')}"
+        )
+        raise DeviceError(absent_device_message(core, self.device, hint))

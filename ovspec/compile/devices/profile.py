@@ -1,0 +1,106 @@
+"""The questions every device family answers, and the answers of a device without a
+profile of its own (GPU, or any other): conservative ones, nothing measured assumed.
+
+A ``DeviceProfile`` holds every per-device decision ovspec makes: the default load mode
+and rewrites, which properties stay out of a blob key, the properties of an exact
+comparison and of a loader, what a timed compile bypasses, whether the prompt graph is
+halved and the IR's weight pages trimmed, and how the device's identity is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar
+
+import openvino as ov
+
+from ovspec.compile.devices.facts import (
+    DeviceFacts,
+    absent_device_message,
+    canonical_key_properties,
+    is_available,
+    present_facts,
+)
+from ovspec.compile.modes import LoadMode
+from ovspec.errors import DeviceError
+from ovspec.ir.rewrites import GraphRewrite, RewriteSet
+
+# Neutral by construction on every device: profiling, logging and cache plumbing.
+ALWAYS_NEUTRAL = frozenset({"PERF_COUNT", "LOG_LEVEL", "CACHE_DIR"})
+
+# Plain opset ops that every device takes.
+PORTABLE_REWRITES = RewriteSet(
+    frozenset({GraphRewrite.SPLIT_ATTENTION, GraphRewrite.LAST_POSITION})
+)
+
+
+def device_family(device: str) -> str:
+    """``NPU.0`` -> ``NPU``; ``cpu`` -> ``CPU``."""
+    return device.split(".", 1)[0].upper()
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Every per-device decision, for ``device`` as the user named it (``NPU.0``).
+
+    Subclasses override the class-level answers and the methods; this class itself is
+    the fallback for devices no profile claims.
+    """
+
+    device: str
+
+    # Graphs come from the store as blobs: what every device can do.
+    default_load_mode: ClassVar[LoadMode] = LoadMode.IMPORT
+    default_rewrites: ClassVar[RewriteSet] = PORTABLE_REWRITES
+    # Left out of blob keys: anything not listed is in the key (an unknown property
+    # costs a recompile, never a wrong blob).
+    blob_neutral_properties: ClassVar[frozenset[str]] = ALWAYS_NEUTRAL
+    # Properties that make the static graphs and the stateful model compute alike.
+    exact_properties: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    # Compile the graph a prompt waits for as two halves on two cores (a device where a
+    # compile is one thread, measured to pay there).
+    halves_prompt_graph: ClassVar[bool] = False
+    # Keep the IR's mapped weights out of the resident set once graphs packed their own
+    # copy (a device whose compiled graphs hold the weights in host memory).
+    trims_weight_pages: ClassVar[bool] = False
+
+    @classmethod
+    def claims(cls, family: str, properties: Mapping[str, str]) -> bool:
+        """Whether this profile answers for a device of ``family`` compiled with
+        ``properties`` (the fallback claims nothing: it is what is left)."""
+        return False
+
+    def required_properties(self, properties: Mapping[str, str]) -> dict[str, str]:
+        """The properties every compile and import on this device takes: the user's,
+        with what the device mode they chose needs (in keys too)."""
+        return dict(properties)
+
+    def loader_properties(self, properties: Mapping[str, str]) -> dict[str, str]:
+        """The properties a loader compiles and imports with: the required ones, with
+        what a loader's second thread needs (never blob-changing)."""
+        return self.required_properties(properties)
+
+    def trial_properties(
+        self, properties: Mapping[str, str], supported: frozenset[str]
+    ) -> dict[str, str]:
+        """The properties of a timed compile in a fresh process (``compile/worker.py``),
+        given the property names the device supports: caches that would make it a load
+        are bypassed."""
+        return dict(properties)
+
+    def key_properties(self, properties: Mapping[str, str]) -> str:
+        """The compile properties that can change a blob on this device, canonicalized."""
+        return canonical_key_properties(properties, self.blob_neutral_properties)
+
+    def resolve(self, core: ov.Core, properties: Mapping[str, str]) -> DeviceFacts:
+        """Check the device can compile here with ``properties``; read the facts that go
+        into a blob key."""
+        if is_available(core, self.device):
+            return present_facts(core, self.device, properties)
+        return self.absent(core, properties)
+
+    def absent(self, core: ov.Core, properties: Mapping[str, str]) -> DeviceFacts:
+        """The device is not here: refused, unless the profile compiles without it."""
+        raise DeviceError(absent_device_message(core, self.device))

@@ -1,0 +1,224 @@
+"""Opening a model as a lazy loader: options in, a ``Loader`` that owns what it opened.
+
+``decide`` turns the user's options and the tuning into what to do (the device
+profile's defaults applied, the split's constraints checked) before anything opens;
+``open_loader`` then opens the store, the build delegate, the compiler, the weight-page
+helpers and the loader in order, and hands everything it opened to the loader on one
+``ExitStack``: a failure on the way closes what was opened, in reverse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from dataclasses import dataclass
+
+from ovspec.compile.compiler import Compiler
+from ovspec.compile.devices import DeviceProfile, profile_for
+from ovspec.compile.modes import LoadMode
+from ovspec.compile.split import (
+    THREADS_PROPERTY,
+    CoreSplit,
+    HostBuilder,
+    pin_process,
+    pin_split,
+    usable_cores,
+)
+from ovspec.errors import BadRequestError, arg
+from ovspec.ir.compression import Compression
+from ovspec.ir.model_dir import ModelDir, resolve_model
+from ovspec.ir.rewrites import RewriteSet
+from ovspec.ir.specialize import Specialization
+from ovspec.runtime.kv import choose_layout
+from ovspec.runtime.loader import Loader, Policy
+from ovspec.runtime.options import OpenOptions, Tuning
+from ovspec.runtime.residency import WeightPageTrimmer, WeightPrefault
+from ovspec.store.local import Store
+from ovspec.store.remote import Remote, RemoteConfig, open_remote
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What ``open_loader`` does for one set of options and tuning."""
+
+    profile: DeviceProfile
+    properties: dict[str, str]  # what the compiler compiles and imports with
+    load_mode: LoadMode
+    rewrites: RewriteSet
+    cores: CoreSplit | None  # the device/host split
+    trim_weight_pages: bool
+    halve_prompt_graph: bool
+
+
+def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
+    """The device profile's defaults applied to ``options``; refuses a combination that
+    cannot run (the split compiles on the host: it needs the import load mode)."""
+    profile = profile_for(options.device, options.properties)
+    properties = profile.loader_properties(options.properties)
+    mode = options.load_mode
+    cores = tuning.cores
+    if cores is not None:
+        if mode is LoadMode.COMPILE:
+            raise BadRequestError(
+                f"{arg('split')} builds on the host and imports here: it needs "
+                f"{arg('load_mode', 'import')}, not compile"
+            )
+        mode = LoadMode.IMPORT
+        properties = {THREADS_PROPERTY: str(len(cores.device)), **properties}
+    mode = mode or profile.default_load_mode
+    return Decisions(
+        profile=profile,
+        properties=properties,
+        load_mode=mode,
+        rewrites=options.rewrites if options.rewrites is not None else profile.default_rewrites,
+        cores=cores,
+        trim_weight_pages=_trims_weight_pages(tuning.trim_weight_pages, profile, mode),
+        halve_prompt_graph=_halves_prompt_graph(
+            tuning.halve_prompt_graph, profile, mode, options.policy
+        ),
+    )
+
+
+def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader:
+    """A lazy loader for ``options`` (see ``ovspec.open``), owning what it opened."""
+    tuning = tuning or Tuning()
+    decided = decide(options, tuning)
+    cores = decided.cores
+    with contextlib.ExitStack() as stack:
+        store = _store(options, stack)
+        model_dir = resolve_model(str(options.model), store.models_folder)
+        options.ladder.check_fits(model_dir.max_position_embeddings)
+        builder = None
+        if cores is not None:
+            builder = _host_builder(options, decided, model_dir, store, cores)
+            stack.callback(builder.close)  # started below, or by the roles asked first
+        compiler = Compiler(
+            model_dir,
+            options.device,
+            decided.properties,
+            store,
+            compression=options.compression,
+            blob_mode=options.blob_mode,
+            rewrites=decided.rewrites,
+            load_mode=decided.load_mode,
+            rung_chunk_tokens=options.prefill_chunk_tokens,
+            delegate=builder,
+        )
+        stack.callback(compiler.close)  # and the IR it may be reading ahead
+        if options.kv_layout is not None:  # a ladder the layout refuses: before any compile
+            top = Specialization.decode(options.ladder.top_tokens)
+            choose_layout(options.kv_layout, compiler.roles(top), options.ladder)
+        trimmer = _weight_pages(decided, options.policy, compiler, model_dir, stack)
+        pin_threads = None
+        if builder is not None and cores is not None:
+            # OpenVINO has started with the whole mask (the compiler listed the devices),
+            # which a thread entering its pool gets again; the loader pins when its
+            # foreground is over, and closing restores this affinity.
+            stack.callback(pin_process, tuple(sorted(os.sched_getaffinity(0))))
+            builder.start()
+            decode_tid = threading.get_native_id()  # the thread that opens decodes
+            pin_threads = functools.partial(pin_split, cores, decode_tid)
+        owned = contextlib.ExitStack()
+        loader = Loader(
+            compiler,
+            options.ladder,
+            options.policy,
+            prefill_chunk_tokens=options.prefill_chunk_tokens,
+            window_plan=tuning.window_plan,
+            on_close=(owned.close,),
+            origin_s=tuning.origin_s,
+            kv_layout=options.kv_layout,
+            worker_cores=cores.host if cores is not None else None,
+            pin_threads=pin_threads,
+            # Not during a lazy start: the first graph packs its weights from the
+            # mapping then, and dropping its pages meanwhile slows the first prefill.
+            on_steady=trimmer.start if trimmer is not None else None,
+            halve_prompt_graph=decided.halve_prompt_graph,
+        )
+        owned.push(stack.pop_all())  # the loader closes them from now on
+    return loader
+
+
+def _store(options: OpenOptions, stack: contextlib.ExitStack) -> Store:
+    if isinstance(options.store, Store):
+        return options.store  # the caller's: it closes it
+    store = Store(options.store or Store.default_root(), remote=_remote(options.remote))
+    stack.callback(store.close)
+    return store
+
+
+def _remote(remote: Remote | RemoteConfig | None) -> Remote | None:
+    if isinstance(remote, Remote):
+        return remote
+    config = remote if remote is not None else RemoteConfig.from_env()
+    return open_remote(config) if config is not None else None
+
+
+def _host_builder(
+    options: OpenOptions, decided: Decisions, model_dir: ModelDir, store: Store, cores: CoreSplit
+) -> HostBuilder:
+    return HostBuilder(
+        model_root=model_dir.root,
+        models_folder=store.models_folder,
+        device=options.device,
+        properties=decided.properties,
+        store_root=store.root,
+        compression=str(options.compression or Compression()),
+        blob_mode=options.blob_mode.value,
+        rewrites=decided.rewrites.canonical,
+        host_cores=cores.host,
+    )
+
+
+def _weight_pages(
+    decided: Decisions,
+    policy: Policy,
+    compiler: Compiler,
+    model_dir: ModelDir,
+    stack: contextlib.ExitStack,
+) -> WeightPageTrimmer | None:
+    """The trimmer the loader starts when it is steady, and the prefault that maps the
+    weights' pages in while the first graph compiles (not for an eager start, whose
+    trimmer drops pages from its beginning). Both stop before the compiler closes: it
+    holds the weight their anchor points into."""
+    if not decided.trim_weight_pages:
+        return None
+    trimmer = WeightPageTrimmer.for_weights(model_dir.bin_path, compiler.mapped_weights_address)
+    if policy is not Policy.EAGER:
+        address = functools.partial(compiler.mapped_weights_address, wait=True)
+        prefault = WeightPrefault(model_dir.bin_path, address)
+        prefault.start()
+        stack.callback(prefault.stop)
+    stack.callback(trimmer.stop)
+    return trimmer
+
+
+def _trims_weight_pages(asked: bool | None, profile: DeviceProfile, mode: LoadMode) -> bool:
+    reason = WeightPageTrimmer.unsupported_reason()
+    if asked and reason is not None:
+        raise BadRequestError(f"{arg('trim_weight_pages')} cannot run here: {reason}")
+    if asked is None:
+        return reason is None and profile.trims_weight_pages and mode is LoadMode.COMPILE
+    return asked
+
+
+def _halves_prompt_graph(
+    asked: bool | None, profile: DeviceProfile, mode: LoadMode, policy: Policy
+) -> bool:
+    if asked and (mode is not LoadMode.COMPILE or policy is Policy.EAGER):
+        why = (
+            f"{arg('load_mode', 'import')} loads whole blobs; use load_mode='compile'"
+            if mode is not LoadMode.COMPILE
+            else "an eager start compiles two graphs at once already; use a lazy policy"
+        )
+        raise BadRequestError(f"{arg('halve_prompt_graph')} cannot apply: {why}")
+    if asked is None:
+        return (
+            profile.halves_prompt_graph
+            and mode is LoadMode.COMPILE
+            and policy is not Policy.EAGER
+            and len(usable_cores()) >= 2
+        )
+    return asked
