@@ -131,7 +131,7 @@ def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     # The two checks above must be able to fail.
     with pytest.raises(graphlib.CycleError):
         graphlib.TopologicalSorter({"a": ["b"], "b": ["a"]}).prepare()
-    assert layer_of("ovspec.runtime.loader") < layer_of("ovspec.bench.runner")
+    assert layer_of("ovspec.runtime.loader") < layer_of("ovspec.bench.protocols.runner")
     assert layer_of("ovspec.store.local") == layer_of("ovspec.ir.roles")
 
 

@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ovspec.bench.speed_arm import RESULT_PREFIX, ArmRequest
-from ovspec.bench.speed_stats import band_ms
+from ovspec.bench.speed.arm import RESULT_PREFIX, ArmRequest
+from ovspec.bench.speed.stats import band_ms
 from ovspec.errors import BadRequestError, TrialError
 from ovspec.ladder import Ladder
 
@@ -143,9 +143,17 @@ def compile_own_bytecode(tree: Path | None = None) -> bool:
     arm (~0.1 s of its start, measured). False where the package folder is not writable."""
     import compileall
 
-    here = Path(__file__).resolve().parents[1]  # ovspec/, from ovspec/bench/speed.py
+    here = Path(__file__).resolve().parents[2]  # ovspec/, from ovspec/bench/speed/runner.py
     package = tree / "ovspec" if tree is not None else here
     return bool(compileall.compile_dir(package, quiet=2))
+
+
+def arm_module(home: Path) -> str:
+    """The arm's module in the checkout at ``home``: one from before the benchmarks had
+    their own folders holds it at ovspec/bench/speed_arm.py (``against`` may be one)."""
+    if (home / "ovspec" / "bench" / "speed" / "arm.py").is_file():
+        return "ovspec.bench.speed.arm"
+    return "ovspec.bench.speed_arm"
 
 
 def _spawn(request: ArmRequest, folder: Path, tree: Path | None = None) -> dict[str, Any]:
@@ -154,10 +162,10 @@ def _spawn(request: ArmRequest, folder: Path, tree: Path | None = None) -> dict[
     # ``-m`` puts the working folder first on sys.path: run in ``tree`` (default: the
     # folder holding this ovspec) and its ovspec wins over any other checkout or install
     # (PYTHONPATH would lose to one in the caller's working folder).
-    home = (tree or Path(__file__).resolve().parents[2]).resolve()
+    home = (tree or Path(__file__).resolve().parents[3]).resolve()
     spawn = time.time()
     out = subprocess.run(
-        [sys.executable, "-m", "ovspec.bench.speed_arm", str(path), repr(spawn)],
+        [sys.executable, "-m", arm_module(home), str(path), repr(spawn)],
         capture_output=True,
         text=True,
         cwd=home,
@@ -178,7 +186,7 @@ def run_speed(
     on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every arm ``repetitions`` times, interleaved; returns the results document."""
-    from ovspec.bench.environment import environment, load_average
+    from ovspec.bench.common.environment import environment, load_average
     from ovspec.runtime.decoding import loader_properties
 
     say = on_progress or (lambda _m: None)
@@ -313,6 +321,6 @@ def summarize(
 
 def render(results: Mapping[str, Any]) -> str:
     """The Markdown page (docs/benchmarks/speed.md) from a results document."""
-    from ovspec.bench.speed_page import render_page
+    from ovspec.bench.speed.page import render_page
 
     return render_page(results)

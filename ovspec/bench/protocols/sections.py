@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ovspec.bench.metrics import RunFigures, median
+from ovspec.bench.protocols.metrics import RunFigures, median
 from ovspec.errors import TrialError
 from ovspec.ladder import Ladder
 from ovspec.runtime.plan import RungCosts, plan_one_ahead

@@ -12,12 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-from ovspec.bench.build_records import Environment
+from ovspec.bench.common.records import Environment
 from ovspec.compile.host import cpu_model
 
 
 def git_commit() -> str:
-    repo = Path(__file__).resolve().parents[2]  # ovspec/bench/ -> the checkout
+    repo = Path(__file__).resolve().parents[3]  # ovspec/bench/common/ -> the checkout
     try:
         head = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],

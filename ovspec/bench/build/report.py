@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from ovspec.bench.build_records import BenchReport, LadderFigures
+from ovspec.bench.build.records import BenchReport, LadderFigures
 
 # --------------------------------------------------------------------------- text output
 

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from ovspec.bench.speed_stats import boundary_steps_ms, paired_band_ratios
+from ovspec.bench.speed.stats import boundary_steps_ms, paired_band_ratios
 from ovspec.ladder import Ladder
 
 COMMAND = "python tools/bench_speed.py"

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ovspec.bench.bench_sections import (
+from ovspec.bench.protocols.metrics import median
+from ovspec.bench.protocols.runner import BenchResult, boundary_agreement
+from ovspec.bench.protocols.sections import (
     Runs,
     agreement,
     bands,
@@ -25,9 +27,7 @@ from ovspec.bench.bench_sections import (
     successor_compile_s,
     summary,
 )
-from ovspec.bench.metrics import median
-from ovspec.bench.protocols import CONTROL, SETUPS, Protocol
-from ovspec.bench.runner import BenchResult, boundary_agreement
+from ovspec.bench.protocols.setups import CONTROL, SETUPS, Protocol
 from ovspec.ladder import Ladder
 
 MIB = 2**20

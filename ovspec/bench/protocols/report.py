@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ovspec.bench.metrics import median
-from ovspec.bench.protocols import CONTROL, SETUPS, Protocol
-from ovspec.bench.runner import (
+from ovspec.bench.protocols.metrics import median
+from ovspec.bench.protocols.runner import (
     PAIRED_FIGURES,
     BenchResult,
     RunOutcome,
@@ -24,6 +23,7 @@ from ovspec.bench.runner import (
     medians,
     paired_vs_control,
 )
+from ovspec.bench.protocols.setups import CONTROL, SETUPS, Protocol
 from ovspec.compile.host import cpu_model
 from ovspec.stats.paired import PairedSummary
 
@@ -348,7 +348,7 @@ def to_json(result: BenchResult, env: dict[str, str]) -> dict[str, Any]:
 
 
 def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
-    from ovspec.bench import plots
+    from ovspec.bench.common import plots
 
     written = []
     for variant in result.config.labels:

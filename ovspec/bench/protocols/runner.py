@@ -1,7 +1,7 @@
 """The bench workflow: B0/B1/I1/I2/I3 side by side, in Williams order, one fresh process each.
 
 Each repetition is a row of a Williams design; each run is a fresh interpreter
-(``ovspec.bench.worker``) with a cold store (compile figures) or a prebuilt warm one.
+(``ovspec.bench.protocols.worker``) with a cold store (compile figures) or a prebuilt warm one.
 The same prompt and forced tokens go through every protocol, so boundary logits can
 be compared with the I1 control position by position. This module plans, runs and
 aggregates; ``figures`` computes per-run numbers and ``plots`` draws them.
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ovspec.bench.metrics import RunFigures, band_edges, median
-from ovspec.bench.protocols import CONTROL, SETUPS, Protocol
-from ovspec.bench.worker import RunRequest
+from ovspec.bench.protocols.metrics import RunFigures, band_edges, median
+from ovspec.bench.protocols.setups import CONTROL, SETUPS, Protocol
+from ovspec.bench.protocols.worker import RunRequest
 from ovspec.compile.split import CoreSplit
 from ovspec.errors import BadRequestError, OvspecError, TrialError
 from ovspec.ir.model_dir import ModelDir
@@ -149,7 +149,7 @@ def measure_memcpy_bytes_per_s(size_bytes: int = 256 << 20, repeats: int = 5) ->
 def measure_floor(config: BenchConfig) -> tuple[dict[int, float], float]:
     """The floor each band is held to, measured rather than derived from a memcpy: the
     stateful model's step at the band's last live length, and a weights-only read."""
-    from ovspec.bench.profile import stateful_floor_ms, weights_read_ms
+    from ovspec.bench.profile.rung import stateful_floor_ms, weights_read_ms
 
     lengths = [high - 1 for _, high in band_edges(config.ladder)]
     floor = stateful_floor_ms(config.model, lengths, config.device, config.properties, steps=5)
@@ -268,7 +268,7 @@ def _run_one(
 
 def _run_worker_process(request_path: Path) -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "ovspec.bench.worker", str(request_path)],
+        [sys.executable, "-m", "ovspec.bench.protocols.worker", str(request_path)],
         capture_output=True,
         text=True,
         check=False,

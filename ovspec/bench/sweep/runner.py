@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ovspec.bench.metrics import RunFigures, median
-from ovspec.bench.protocols import Protocol
-from ovspec.bench.runner import BenchConfig, run_bench
+from ovspec.bench.protocols.metrics import RunFigures, median
+from ovspec.bench.protocols.runner import BenchConfig, run_bench
+from ovspec.bench.protocols.setups import Protocol
 from ovspec.compile.split import CoreSplit
 from ovspec.errors import BadRequestError, TrialError
 from ovspec.ladder import Ladder

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ovspec.bench.environment import environment, load_average
-from ovspec.bench.overlap import LOADS, Overlap, SlotPair, pair_slots, slot_on
-from ovspec.bench.protocols import SETUPS, Protocol
+from ovspec.bench.common.environment import environment, load_average
+from ovspec.bench.overlap.analysis import LOADS, Overlap, SlotPair, pair_slots, slot_on
+from ovspec.bench.protocols.setups import SETUPS, Protocol
 from ovspec.compile.split import CoreSplit
 from ovspec.errors import BadRequestError, OvspecError
 from ovspec.ir.model_dir import ModelDir
@@ -85,7 +85,7 @@ class _Background:
         self._stderr = scratch / "stderr.txt"
         with self._stderr.open("w", encoding="utf-8") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "ovspec.bench.overlap_load", str(path)],
+                [sys.executable, "-m", "ovspec.bench.overlap.load", str(path)],
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,

@@ -15,17 +15,7 @@ import subprocess
 import sys
 import time
 
-from ovspec.bench.fault_trust import (
-    LINK_LEVELS,
-    bad_input,
-    foreign_store,
-    link_target,
-    links,
-    read_only_mount,
-    small_leaks,
-    weights_edited,
-)
-from ovspec.bench.faults import (
+from ovspec.bench.faults.harness import (
     LADDER,
     FaultCase,
     Harness,
@@ -35,6 +25,16 @@ from ovspec.bench.faults import (
     payloads,
     summarize,
     tokens_of,
+)
+from ovspec.bench.faults.trust import (
+    LINK_LEVELS,
+    bad_input,
+    foreign_store,
+    link_target,
+    links,
+    read_only_mount,
+    small_leaks,
+    weights_edited,
 )
 from ovspec.store.digests import digest_file
 from ovspec.store.local import Store

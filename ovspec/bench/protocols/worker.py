@@ -1,4 +1,4 @@
-"""One bench run in a fresh process: ``python -m ovspec.bench.worker REQUEST.json``.
+"""One bench run in a fresh process: ``python -m ovspec.bench.protocols.worker REQUEST.json``.
 
 A fresh interpreter per run keeps compile figures honest (no warm OpenVINO state,
 no compiled graphs shared between protocols) and makes peak RSS the run's own. The
@@ -65,8 +65,8 @@ def run(request: RunRequest) -> dict[str, Any]:
     # request, as on an NPU machine), so the foreground includes reading and preparing
     # the model, which every protocol pays.
     import ovspec.runtime.decoding as runtime
-    from ovspec.bench.metrics import compute
-    from ovspec.bench.protocols import SETUPS, Protocol
+    from ovspec.bench.protocols.metrics import compute
+    from ovspec.bench.protocols.setups import SETUPS, Protocol
     from ovspec.ladder import Ladder
     from ovspec.store.local import Store
 
@@ -167,7 +167,7 @@ def peak_rss() -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m ovspec.bench.worker REQUEST.json", file=sys.stderr)
+        print("usage: python -m ovspec.bench.protocols.worker REQUEST.json", file=sys.stderr)
         return 2
     request = RunRequest.from_json(json.loads(Path(argv[0]).read_text()))
     try:

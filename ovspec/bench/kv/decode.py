@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 import psutil
 
-from ovspec.bench.kvbench import COPY, DECODE_ARMS, DIRECT, PREFAULT, REMAP, check_remap_ladder
+from ovspec.bench.kv.boundaries import (
+    COPY,
+    DECODE_ARMS,
+    DIRECT,
+    PREFAULT,
+    REMAP,
+    check_remap_ladder,
+)
 from ovspec.errors import BadRequestError, TrialError
 from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import prefill_specialization

@@ -1,5 +1,5 @@
 """One background load for the overlap benchmark, in its own process on the host cores:
-``python -m ovspec.bench.overlap_load CONFIG.json``. It pins itself, prepares, writes
+``python -m ovspec.bench.overlap.load CONFIG.json``. It pins itself, prepares, writes
 ``ready`` on stdout, then works until killed; the benchmark stops and continues it.
 """
 
@@ -75,7 +75,7 @@ def _ready() -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m ovspec.bench.overlap_load CONFIG.json", file=sys.stderr)
+        print("usage: python -m ovspec.bench.overlap.load CONFIG.json", file=sys.stderr)
         return 2
     config = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     # Pinned before OpenVINO starts, so every thread it makes stays on the host cores.

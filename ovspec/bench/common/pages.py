@@ -22,12 +22,12 @@ from ovspec.errors import BadRequestError
 # benchmark page adds its line. Imported lazily: a renderer may pull in heavy modules
 # the others do not need.
 RENDERERS: dict[str, str] = {
-    "bench": "ovspec.bench.bench_page:render",
-    "kv": "ovspec.bench.kvbench_report:render",
-    "overlap": "ovspec.bench.overlap:render",
-    "remote": "ovspec.bench.remote_bench:render",
-    "speed": "ovspec.bench.speed:render",
-    "sweep": "ovspec.bench.sweep:render",
+    "bench": "ovspec.bench.protocols.page:render",
+    "kv": "ovspec.bench.kv.page:render",
+    "overlap": "ovspec.bench.overlap.analysis:render",
+    "remote": "ovspec.bench.remote.runner:render",
+    "speed": "ovspec.bench.speed.runner:render",
+    "sweep": "ovspec.bench.sweep.runner:render",
 }
 
 RESULTS_FOLDER = "results"

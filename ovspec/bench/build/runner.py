@@ -20,17 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ovspec.bench.build_records import (
+from ovspec.bench.build.records import (
     NO_EVICTION_BYTES,
     BenchReport,
     KeyFigures,
     LadderFigures,
     RssMark,
     SpecFigures,
-    Spread,
     StorageFigures,
 )
-from ovspec.bench.environment import (
+from ovspec.bench.common.records import Spread
+from ovspec.bench.common.environment import (
     cpu_s,
     drop_from_page_cache,
     environment,

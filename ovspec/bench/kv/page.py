@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ovspec.bench.kvbench import (
+from ovspec.bench.kv.boundaries import (
     COPY,
     DECODE_ARMS,
     MEMCPY,
@@ -24,7 +24,7 @@ from ovspec.bench.kvbench import (
     BoundarySample,
     summarize_boundaries,
 )
-from ovspec.bench.kvdecode import DecodeRun, compare_bands
+from ovspec.bench.kv.decode import DecodeRun, compare_bands
 from ovspec.compile.host import cpu_model
 from ovspec.runtime import vmem
 
@@ -448,7 +448,7 @@ def render(results: Mapping[str, Any]) -> str:
 
 
 def write_plot(run: DecodeRun, path: Path) -> Path:
-    from ovspec.bench import plots
+    from ovspec.bench.common import plots
 
     runs = {}
     for arm, trace in run.traces.items():

@@ -1,5 +1,5 @@
 """One run of the speed benchmark in this fresh process:
-``python -m ovspec.bench.speed_arm REQUEST.json SPAWN_TIME``.
+``python -m ovspec.bench.speed.arm REQUEST.json SPAWN_TIME``.
 
 Owns the arms (openvino-genai's ``LLMPipeline``; ovspec's loader in a given policy and
 load mode) and what a run records: the time of every generated token since the
@@ -178,7 +178,7 @@ def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
     done_s = time.time() - spawn_s
     sampler.stop()
     return {
-        "ovspec_dir": str(Path(__file__).resolve().parents[1]),  # the checkout it ran from
+        "ovspec_dir": str(Path(__file__).resolve().parents[2]),  # the checkout it ran from
         "token_s": times,
         "token_ids": tokens,
         "done_s": done_s,

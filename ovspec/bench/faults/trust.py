@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ovspec.bench.faults import Harness, Outcome, mounted, snapshot, summarize, tokens_of
+from ovspec.bench.faults.harness import Harness, Outcome, mounted, snapshot, summarize, tokens_of
 
 # -- trust: links, other users, read-only ------------------------------------------------
 
