@@ -31,8 +31,32 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def format_report(r: BenchReport) -> str:
-    env, k, st = r.environment, r.keys, r.storage
-    out = [
+    n = r.ladders[0].specializations if r.ladders else 0
+    return "\n".join(
+        [
+            *_header(r),
+            "",
+            "Per specialization (cold compile/export; import and hit from a warm store)",
+            *_spec_table(r),
+            "",
+            "Key derivation (first key of a Compiler unless noted)",
+            *_key_table(r),
+            "",
+            f"Whole ladder ({n} specializations), one fresh store per repeat",
+            *_ladder_table(r),
+            "",
+            "Storage",
+            *_storage_lines(r, n),
+            "",
+            "Peak RSS of this process (monotonic)",
+            *(f"  after {m.after}: {_gib(m.peak_rss_bytes)}" for m in r.rss),
+        ]
+    )
+
+
+def _header(r: BenchReport) -> list[str]:
+    env, k = r.environment, r.keys
+    return [
         "ovspec build benchmark",
         f"command: {r.command}",
         f"date: {env.date_utc}   duration: {r.duration_s / 60:.1f} min",
@@ -50,9 +74,10 @@ def format_report(r: BenchReport) -> str:
         f"on {r.device}, config {_properties_text(r.properties)}, jobs {r.jobs}, "
         f"repeats {r.repeats}",
         "figures: median (min–max) over the repeats; seconds unless marked",
-        "",
-        "Per specialization (cold compile/export; import and hit from a warm store)",
     ]
+
+
+def _spec_table(r: BenchReport) -> list[str]:
     rows = [
         [
             s.blob_mode,
@@ -66,79 +91,85 @@ def format_report(r: BenchReport) -> str:
         ]
         for s in r.specs
     ]
-    out += _table(
+    return _table(
         ["mode", "specialization", "compile s", "export s", "blob bytes", "import s", "hit s"],
         rows,
     )
+
+
+def _key_table(r: BenchReport) -> list[str]:
+    k = r.keys
     hash_gb_s = k.weights_bytes / 1e9 / k.cold_cached_s.median
-    out += [
-        "",
-        "Key derivation (first key of a Compiler unless noted)",
-        *_table(
-            ["case", "seconds"],
+    return _table(
+        ["case", "seconds"],
+        [
+            ["Compiler start (ov.Core + device facts)", k.compiler_start_s.text(4)],
             [
-                ["Compiler start (ov.Core + device facts)", k.compiler_start_s.text(4)],
-                [
-                    "cold: empty memo, .bin dropped from page cache",
-                    k.cold_uncached_s.text(4) if k.cold_uncached_s else "n/a",
-                ],
-                [
-                    f"cold: empty memo, .bin cached ({hash_gb_s:.1f} GB/s)",
-                    k.cold_cached_s.text(4),
-                ],
-                ["warm: new Compiler, memo in memory", k.memo_memory_s.text(5)],
-                ["warm: new Compiler, new memo object on disk", k.memo_disk_s.text(5)],
-                ["next key, same Compiler", k.next_key_s.text(6)],
-                ["(IR read + prepare, for scale)", k.prepare_s.text(3)],
+                "cold: empty memo, .bin dropped from page cache",
+                k.cold_uncached_s.text(4) if k.cold_uncached_s else "n/a",
             ],
-        ),
-        "",
-    ]
-    n = r.ladders[0].specializations if r.ladders else 0
-    ladder_rows: list[tuple[str, Callable[[LadderFigures], str]]] = [
-        ("cold build s (empty store)", lambda f: f.cold_build_s.text(2)),
-        ("  sum of compile s", lambda f: f.cold_compile_s.text(2)),
-        ("  sum of export s", lambda f: f.cold_export_s.text(2)),
-        (
-            "  other s (keys, IR, store commits)",
-            lambda f: f.cold_other_s.text(2) if f.cold_other_s else "n/a (jobs > 1)",
-        ),
-        ("  process CPU s (user+sys)", lambda f: f.cold_cpu_s.text(1)),
-        ("warm build s (all hits)", lambda f: f.warm_build_s.text(4)),
-        ("cold / warm build", lambda f: f.cold_over_warm.text(0)),
-        ("warm load s (hit + import, each)", lambda f: f.warm_load_s.text(2)),
-        ("cold / warm load", lambda f: f.cold_over_warm_load.text(1)),
-        (
-            "warm `ovspec build`, new process s",
-            lambda f: f.cli_warm_build_s.text(2) if f.cli_warm_build_s else "n/a",
-        ),
-        ("ladder blob bytes", lambda f: f"{f.blob_bytes:,}"),
-        ("store bytes on disk (all files)", lambda f: f"{f.store_bytes:,}"),
-        (
-            "load average (1 min) at each cold start",
-            lambda f: " ".join(f"{x:.1f}" for x in f.load_average_1m),
-        ),
-    ]
-    out += [f"Whole ladder ({n} specializations), one fresh store per repeat"]
-    out += _table(
+            [
+                f"cold: empty memo, .bin cached ({hash_gb_s:.1f} GB/s)",
+                k.cold_cached_s.text(4),
+            ],
+            ["warm: new Compiler, memo in memory", k.memo_memory_s.text(5)],
+            ["warm: new Compiler, new memo object on disk", k.memo_disk_s.text(5)],
+            ["next key, same Compiler", k.next_key_s.text(6)],
+            ["(IR read + prepare, for scale)", k.prepare_s.text(3)],
+        ],
+    )
+
+
+LADDER_ROWS: tuple[tuple[str, Callable[[LadderFigures], str]], ...] = (
+    ("cold build s (empty store)", lambda f: f.cold_build_s.text(2)),
+    ("  sum of compile s", lambda f: f.cold_compile_s.text(2)),
+    ("  sum of export s", lambda f: f.cold_export_s.text(2)),
+    (
+        "  other s (keys, IR, store commits)",
+        lambda f: f.cold_other_s.text(2) if f.cold_other_s else "n/a (jobs > 1)",
+    ),
+    ("  process CPU s (user+sys)", lambda f: f.cold_cpu_s.text(1)),
+    ("warm build s (all hits)", lambda f: f.warm_build_s.text(4)),
+    ("cold / warm build", lambda f: f.cold_over_warm.text(0)),
+    ("warm load s (hit + import, each)", lambda f: f.warm_load_s.text(2)),
+    ("cold / warm load", lambda f: f.cold_over_warm_load.text(1)),
+    (
+        "warm `ovspec build`, new process s",
+        lambda f: f.cli_warm_build_s.text(2) if f.cli_warm_build_s else "n/a",
+    ),
+    ("ladder blob bytes", lambda f: f"{f.blob_bytes:,}"),
+    ("store bytes on disk (all files)", lambda f: f"{f.store_bytes:,}"),
+    (
+        "load average (1 min) at each cold start",
+        lambda f: " ".join(f"{x:.1f}" for x in f.load_average_1m),
+    ),
+)
+
+
+def _ladder_table(r: BenchReport) -> list[str]:
+    out = _table(
         ["", *(f.blob_mode for f in r.ladders)],
-        [[name, *(get(f) for f in r.ladders)] for name, get in ladder_rows],
+        [[name, *(get(f) for f in r.ladders)] for name, get in LADDER_ROWS],
     )
     for f in r.ladders:
         if f.cli_error:
             out.append(f"  note: `ovspec build` ({f.blob_mode}): {f.cli_error}")
         if f.check_problems:
             out.append(f"  store.check() ({f.blob_mode}): {'; '.join(f.check_problems)}")
-    out += ["", "Storage"]
-    storage_rows = [["model weights (.bin)", f"{st.model_bin_bytes:,}", _mib(st.model_bin_bytes)]]
+    return out
+
+
+def _storage_lines(r: BenchReport, n: int) -> list[str]:
+    st = r.storage
+    rows = [["model weights (.bin)", f"{st.model_bin_bytes:,}", _mib(st.model_bin_bytes)]]
     for name, value in (
         ("weightless ladder (blobs)", st.weightless_ladder_bytes),
         ("full ladder (blobs)", st.full_ladder_bytes),
         (f"one full blob, top rung {r.ladder[-1]}", st.one_full_blob_bytes),
     ):
         if value is not None:
-            storage_rows.append([name, f"{value:,}", _mib(value)])
-    out += _table(["", "bytes", ""], storage_rows)
+            rows.append([name, f"{value:,}", _mib(value)])
+    out = _table(["", "bytes", ""], rows)
     if st.weights_copies_full is not None and st.weightless_ladder_bytes is not None:
         out.append(
             f"full ladder / .bin = {st.weights_copies_full:.2f} for {n} specializations; "
@@ -147,9 +178,7 @@ def format_report(r: BenchReport) -> str:
         )
     if st.full_over_weightless is not None:
         out.append(f"full / weightless ladder bytes = {st.full_over_weightless:,.0f}")
-    out += ["", "Peak RSS of this process (monotonic)"]
-    out += [f"  after {m.after}: {_gib(m.peak_rss_bytes)}" for m in r.rss]
-    return "\n".join(out)
+    return out
 
 
 def _properties_text(properties: Mapping[str, str]) -> str:
