@@ -174,38 +174,7 @@ def compute(
 ) -> RunFigures:
     decode_steps = [s for s in result.steps if not s.prefill]
     prefill_steps = [s for s in result.steps if s.prefill]
-    bands = []
-    for low, high in band_edges(bands_ladder):
-        inside = [s for s in decode_steps if low <= s.live_tokens < high]
-        bands.append(
-            BandFigures(f"{low}-{high}", low, high, len(inside), sum(s.infer_s for s in inside))
-        )
     events = result.events
-    waits = {e.spec: e.seconds for e in events if e.kind is EventKind.WAIT}
-    background = {e.spec for e in events if e.kind is EventKind.LOAD_START and not e.foreground}
-    loaded_at = {e.spec: e.at_s for e in events if e.kind is EventKind.LOADED}
-    boundaries = []
-    for b in result.boundaries:
-        label = f"decode@{b.migration.to_capacity_tokens}"
-        in_background = label in background
-        boundaries.append(
-            BoundaryFigures(
-                from_capacity_tokens=b.migration.from_capacity_tokens,
-                to_capacity_tokens=b.migration.to_capacity_tokens,
-                at_live_tokens=b.at_live_tokens,
-                wait_s=b.program_wait_s,
-                deadline_met=in_background and label not in waits,
-                loaded_in_background=in_background,
-                migration_s=b.migration.seconds,
-                copied_bytes=b.migration.copied_bytes,
-                allocated_bytes=b.migration.allocated_bytes,
-                peak_reserved_bytes=b.migration.peak_reserved_bytes,
-                moved_bytes=b.migration.moved_bytes,
-                peak_physical_bytes=b.migration.peak_physical_bytes,
-                boundary_at_s=b.began_s,
-                ready_at_s=loaded_at.get(label, 0.0),
-            )
-        )
     loaded = [e for e in events if e.kind in (EventKind.COMPILED, EventKind.STORE_HIT)]
     imports = [e for e in events if e.kind is EventKind.LOADED]
     return RunFigures(
@@ -235,8 +204,8 @@ def compute(
             if not e.foreground and e.kind is not EventKind.STORE_HIT
         ),
         store_hits=sum(e.kind is EventKind.STORE_HIT for e in events),
-        boundaries=tuple(boundaries),
-        bands=tuple(bands),
+        boundaries=boundary_figures(result),
+        bands=band_figures(result, bands_ladder),
         reserved_kv_time_weighted_bytes=time_weighted_reserved(result),
         reserved_kv_token_weighted_bytes=token_weighted(result, physical=False) or 0.0,
         physical_kv_time_weighted_bytes=time_weighted_physical(result),
@@ -264,6 +233,49 @@ def compute(
             default=result.ready_s,
         ),
     )
+
+
+def band_figures(result: DecodeResult, bands_ladder: Ladder) -> tuple[BandFigures, ...]:
+    """Decode steps and inference time per context band."""
+    decode_steps = [s for s in result.steps if not s.prefill]
+    bands = []
+    for low, high in band_edges(bands_ladder):
+        inside = [s for s in decode_steps if low <= s.live_tokens < high]
+        bands.append(
+            BandFigures(f"{low}-{high}", low, high, len(inside), sum(s.infer_s for s in inside))
+        )
+    return tuple(bands)
+
+
+def boundary_figures(result: DecodeResult) -> tuple[BoundaryFigures, ...]:
+    """Each boundary: its wait, its migration and whether its graph came in time."""
+    events = result.events
+    waits = {e.spec: e.seconds for e in events if e.kind is EventKind.WAIT}
+    background = {e.spec for e in events if e.kind is EventKind.LOAD_START and not e.foreground}
+    loaded_at = {e.spec: e.at_s for e in events if e.kind is EventKind.LOADED}
+    boundaries = []
+    for b in result.boundaries:
+        label = f"decode@{b.migration.to_capacity_tokens}"
+        in_background = label in background
+        boundaries.append(
+            BoundaryFigures(
+                from_capacity_tokens=b.migration.from_capacity_tokens,
+                to_capacity_tokens=b.migration.to_capacity_tokens,
+                at_live_tokens=b.at_live_tokens,
+                wait_s=b.program_wait_s,
+                deadline_met=in_background and label not in waits,
+                loaded_in_background=in_background,
+                migration_s=b.migration.seconds,
+                copied_bytes=b.migration.copied_bytes,
+                allocated_bytes=b.migration.allocated_bytes,
+                peak_reserved_bytes=b.migration.peak_reserved_bytes,
+                moved_bytes=b.migration.moved_bytes,
+                peak_physical_bytes=b.migration.peak_physical_bytes,
+                boundary_at_s=b.began_s,
+                ready_at_s=loaded_at.get(label, 0.0),
+            )
+        )
+    return tuple(boundaries)
 
 
 def _capacity(label: str) -> int:

@@ -86,6 +86,23 @@ def render_text(result: BenchResult, env: dict[str, str]) -> list[str]:
 
 
 def _variant_text(result: BenchResult, variant: str) -> list[str]:
+    return [
+        *_summary_table(result, variant),
+        "",
+        *_kv_memory_text(result, variant),
+        "",
+        *_paired_text_lines(result, variant),
+        "",
+        *_boundaries_text(result, variant),
+        "",
+        *_bands_text(result, variant),
+        "",
+        *_agreement_text(result, variant),
+    ]
+
+
+def _summary_table(result: BenchResult, variant: str) -> list[str]:
+    """Medians per protocol, then what I2's foreground and copy-and-grow's KV come to."""
     cfg = result.config
     lines = [
         f"{'':4}{'fg compile s':>13}{'TTFT s':>9}{'critical s':>11}{'decode s':>10}"
@@ -130,8 +147,12 @@ def _variant_text(result: BenchResult, variant: str) -> list[str]:
             f"{medians(i1, 'peak_kv_bytes') / MIB:.2f} MiB (at the last migration) vs B0's "
             f"{medians(b0, 'peak_kv_bytes') / MIB:.2f} MiB"
         )
-    lines += ["", *_kv_memory_text(result, variant)]
-    lines += ["", f"paired vs {CONTROL.value} (A = {CONTROL.value}, B = protocol, B - A):"]
+    return lines
+
+
+def _paired_text_lines(result: BenchResult, variant: str) -> list[str]:
+    cfg = result.config
+    lines = [f"paired vs {CONTROL.value} (A = {CONTROL.value}, B = protocol, B - A):"]
     if cfg.repetitions < 2:
         lines.append(
             f"  none: paired statistics need at least 2 repetitions (this run made "
@@ -143,8 +164,12 @@ def _variant_text(result: BenchResult, variant: str) -> list[str]:
         for figure in PAIRED_FIGURES:
             summary = paired_vs_control(result, variant, protocol, figure)
             lines.append(f"  {protocol.value} {figure:<16} {_paired_text(summary)}")
-    lines += ["", "boundaries (median over repetitions):"]
-    for protocol in cfg.protocols:
+    return lines
+
+
+def _boundaries_text(result: BenchResult, variant: str) -> list[str]:
+    lines = ["boundaries (median over repetitions):"]
+    for protocol in result.config.protocols:
         runs = result.select(variant, protocol)
         if not runs or not runs[0].figures.boundaries:
             continue
@@ -163,7 +188,13 @@ def _variant_text(result: BenchResult, variant: str) -> list[str]:
                 f"{median([x.wait_s for x in same]):.4f} s; migration {1000 * mig_s:.2f} ms, "
                 f"{b.copied_bytes / MIB:.2f} MiB copied{how}"
             )
-    lines += ["", "decode tokens/s per context band (median over repetitions):"]
+    return lines
+
+
+def _bands_text(result: BenchResult, variant: str) -> list[str]:
+    """Tokens/s per band, then each protocol's speed-up over B0 against the prediction."""
+    cfg = result.config
+    lines = ["decode tokens/s per context band (median over repetitions):"]
     bands = [b.band for b in result.runs[0].figures.bands] if result.runs else []
     lines.append(f"{'':4}" + "".join(f"{band:>14}" for band in bands))
     for protocol in cfg.protocols:
@@ -188,8 +219,12 @@ def _variant_text(result: BenchResult, variant: str) -> list[str]:
                 f"{row.predicted_speedup:.3f}"
                 + _gain_text(row.predicted_speedup, row.fraction_of_predicted)
             )
-    lines += ["", f"boundary logits vs {CONTROL.value} (same positions, same tokens):"]
-    for protocol in cfg.protocols:
+    return lines
+
+
+def _agreement_text(result: BenchResult, variant: str) -> list[str]:
+    lines = [f"boundary logits vs {CONTROL.value} (same positions, same tokens):"]
+    for protocol in result.config.protocols:
         if protocol is CONTROL:
             continue
         agreement = boundary_agreement(result, variant, protocol)
