@@ -11,7 +11,8 @@ from s3server import BUCKET
 
 from ovspec.bench.common.pages import render_saved, results_path
 from ovspec.bench.remote import runner
-from ovspec.bench.remote.runner import Arm, Settings, render, run_benchmark, summarize
+from ovspec.bench.remote.page import render, summarize
+from ovspec.bench.remote.runner import Arm, Settings, run_benchmark
 from ovspec.ladder import Ladder
 from ovspec.testing.seaweed import ADMIN, SeaweedServer
 

