@@ -31,11 +31,22 @@ def _ratio(value: float | None) -> str:
 
 def render_page(results: Mapping[str, Any]) -> str:
     config = results["config"]
-    env = results["environment"]
     summary: Mapping[str, Any] = results["summary"]
     bands = [f"{lo}-{hi}" for lo, hi in config["bands"]]
     described = {name: text for name, text in config["arms"]}
     arms = [name for name in described if name in summary]
+    lines = _setup(results, described)
+    lines += _decode_table(summary, arms, bands)
+    lines += _paired_table(results, arms, bands)
+    lines += _start_and_memory(results, arms)
+    lines += ["## Targets (issue 9)", "", *_targets(summary, bands)]
+    return "\n".join(lines) + "\n"
+
+
+def _setup(results: Mapping[str, Any], described: Mapping[str, str]) -> list[str]:
+    """The title, the command, the machine and the arms."""
+    config = results["config"]
+    env = results["environment"]
     lines = [
         "# Decode speed, start and memory against openvino-genai (issue 9)",
         "",
@@ -64,6 +75,12 @@ def render_page(results: Mapping[str, Any]) -> str:
         "",
     ]
     lines += [f"- `{name}`: {text}" for name, text in described.items()]
+    return lines
+
+
+def _decode_table(summary: Mapping[str, Any], arms: list[str], bands: list[str]) -> list[str]:
+    """ms per token by band, each with its ratio to genai's, and whether tokens matched."""
+    lines: list[str] = []
     lines += ["", "## Decode: ms per token by live context (ratio to genai)", ""]
     lines.append("| arm | " + " | ".join(bands) + " | tokens equal genai's |")
     lines.append("|---|" + "---|" * len(bands) + "---|")
@@ -84,8 +101,14 @@ def render_page(results: Mapping[str, Any]) -> str:
         "A band holds the decode steps whose KV held that many tokens before the step; a",
         "boundary step (migration, and any wait for the next rung) counts in its band.",
     ]
-    lines += _paired_table(results, arms, bands)
-    lines += [
+    return lines
+
+
+def _start_and_memory(results: Mapping[str, Any], arms: list[str]) -> list[str]:
+    """Start, peaks and boundary steps per arm, and what each column measures."""
+    config = results["config"]
+    summary: Mapping[str, Any] = results["summary"]
+    lines = [
         "",
         "## Start and memory",
         "",
@@ -127,11 +150,8 @@ def render_page(results: Mapping[str, Any]) -> str:
         "then hold the packed weights, not the file's pages as well; private memory is",
         "unchanged by it.",
         "",
-        "## Targets (issue 9)",
-        "",
     ]
-    lines += _targets(summary, bands)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _boundary_cell(crossings: list[list[float]]) -> str:
