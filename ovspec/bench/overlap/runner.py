@@ -1,7 +1,7 @@
 """The overlap benchmark's measurement: one process decodes with I1's graphs under the
-split while background processes (``overlap_load``) on the host cores are stopped and
+split while background processes (``load``) on the host cores are stopped and
 continued slot by slot from the decode's per-step callback; returns the results
-document ``overlap.render`` turns into the page.
+document ``analysis.render`` turns into the page.
 """
 
 from __future__ import annotations
@@ -177,8 +177,6 @@ def run_overlap(
     config.work_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="overlap-", dir=config.work_dir) as scratch:
         root = Path(scratch)
-        pairs: dict[str, list[SlotPair]] = {name: [] for name in config.loads}
-        decode_s: dict[str, list[float]] = {name: [] for name in config.loads}
         backgrounds: dict[str, _Background] = {}
         with (
             Store(root / "store") as store,
@@ -212,35 +210,9 @@ def run_overlap(
                 for name in config.loads:
                     on_progress(f"starting the {name} load")
                     backgrounds[name] = _Background(name, load_config, root / name)
-                for repetition in range(config.decodes):
-                    turn = repetition % len(config.loads)
-                    for name in [*config.loads[turn:], *config.loads[:turn]]:
-                        found, seconds = _measure(
-                            runtime,
-                            loader,
-                            setup,
-                            prompt,
-                            forced,
-                            config.slot_steps,
-                            backgrounds[name],
-                            repetition,
-                        )
-                        pairs[name] += found
-                        decode_s[name].append(seconds)
-                        on_progress(
-                            f"decode {repetition + 1}/{config.decodes} with {name}: "
-                            f"{seconds:.2f} s, {len(found)} pairs"
-                        )
-                loads = {}
-                for name, background in backgrounds.items():
-                    if not background.alive():
-                        raise OvspecError(f"the {name} load ended during the measurement")
-                    loads[name] = {
-                        "pairs": [p.to_json() for p in pairs[name]],
-                        "decode_s": decode_s[name],
-                        "on_s": background.on_s,
-                        "background_cpu_s": background.cpu_s() - background.cpu_at_start_s,
-                    }
+                loads = _measure_loads(
+                    config, runtime, loader, (prompt, forced), backgrounds, on_progress
+                )
             finally:
                 for background in backgrounds.values():
                     background.kill()
@@ -264,6 +236,52 @@ def run_overlap(
         "load_after": list(load_average()),
         "wall_s": time.perf_counter() - began,
     }
+
+
+def _measure_loads(
+    config: OverlapConfig,
+    runtime: Any,
+    loader: Any,
+    tokens: tuple[list[int], list[int]],
+    backgrounds: dict[str, _Background],
+    on_progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """Every decode with each load in turn (the order rotated per repetition); per load
+    its slot pairs, decode seconds, time on and CPU seconds."""
+    setup = SETUPS[Protocol.I1]
+    prompt, forced = tokens
+    pairs: dict[str, list[SlotPair]] = {name: [] for name in config.loads}
+    decode_s: dict[str, list[float]] = {name: [] for name in config.loads}
+    for repetition in range(config.decodes):
+        turn = repetition % len(config.loads)
+        for name in [*config.loads[turn:], *config.loads[:turn]]:
+            found, seconds = _measure(
+                runtime,
+                loader,
+                setup,
+                prompt,
+                forced,
+                config.slot_steps,
+                backgrounds[name],
+                repetition,
+            )
+            pairs[name] += found
+            decode_s[name].append(seconds)
+            on_progress(
+                f"decode {repetition + 1}/{config.decodes} with {name}: "
+                f"{seconds:.2f} s, {len(found)} pairs"
+            )
+    loads = {}
+    for name, background in backgrounds.items():
+        if not background.alive():
+            raise OvspecError(f"the {name} load ended during the measurement")
+        loads[name] = {
+            "pairs": [p.to_json() for p in pairs[name]],
+            "decode_s": decode_s[name],
+            "on_s": background.on_s,
+            "background_cpu_s": background.cpu_s() - background.cpu_at_start_s,
+        }
+    return loads
 
 
 def _measure(
