@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ovspec"
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "version"}),  # primitives
     frozenset({"ladder"}),
-    frozenset({"stats", "testing"}),  # statistics; synthetic test models
+    frozenset({"stats", "builtin", "testing"}),  # statistics; builtin: models; test helpers
     frozenset({"ir", "store"}),  # the model side; the blob store
     frozenset({"compile"}),
     frozenset({"runtime"}),

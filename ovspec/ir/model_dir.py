@@ -121,7 +121,7 @@ def resolve_model(reference: str, models_root: Path) -> ModelDir:
     if not reference.startswith(BUILTIN_PREFIX):
         return ModelDir.open(reference)
     # Imported here: building a model needs openvino, a plain path does not.
-    from ovspec.testing import PRESETS, write_model
+    from ovspec.builtin import PRESETS, write_model
 
     preset = reference[len(BUILTIN_PREFIX) :]
     if preset not in PRESETS:

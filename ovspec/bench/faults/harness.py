@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ovspec.testing import PRESETS, write_model
+from ovspec.builtin import PRESETS, write_model
 
 CLI = (sys.executable, "-c", "from ovspec.cli import main; main()")
 LADDER = "32,64"

@@ -15,14 +15,15 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ovspec.builtin.presets import ModelSpec, draw_weight_f32, rope_inv_freq
 from ovspec.errors import ModelError
-from ovspec.testing.presets import ModelSpec, draw_weight_f32, rope_inv_freq
 
 if TYPE_CHECKING:
     import openvino as ov
@@ -44,6 +45,19 @@ RUNTIME_OPTIONS: Mapping[str, str] = {
 MASK_FILL_VALUE = -65504.0
 
 # --------------------------------------------------------------------------- graph
+
+
+@dataclass
+class _Attention:
+    """What every layer's attention shares: the mask, the scale, the rotary tables, the
+    total length, and the GQA expand target (made from the first layer's keys)."""
+
+    mask: Any
+    scale: Any
+    cos: Any
+    sin: Any
+    total_len: Any
+    repeat_shape: Any | None = None
 
 
 class _Qwen2Graph:
@@ -95,7 +109,7 @@ class _Qwen2Graph:
             raise ModelError(
                 f"OpenVINO did not fp16-compress constant {name!r} (got "
                 f"{node.get_type_name()}); this OpenVINO version is not supported by "
-                "ovspec.testing"
+                "ovspec's built-in models"
             )
         # ov.Model named the Convert's tensor after the holder's Result; drop that name.
         # The holder (and its Result) dies on return; the Convert lives on in the graph.
@@ -222,7 +236,51 @@ class _Qwen2Graph:
     # ----- the model
 
     def build(self) -> ov.Model:
-        ov, ops, spec = self.ov, self.ops, self.spec
+        ops, spec = self.ops, self.spec
+        params = self.parameters()
+        input_ids = params["input_ids"]
+        batch = ops.gather(ops.shape_of(input_ids), self.int_const([0]), self.int_const(0))
+        embed = self.weight("model.embed_tokens.weight")
+        hidden = ops.gather(
+            embed,
+            ops.convert(
+                input_ids,
+                self.ov.Type.i32,
+                name="__module.model.embed_tokens/aten::embedding/Convert",
+            ),
+            self.int_const(0),
+            name="__module.model.embed_tokens/aten::embedding/Gather",
+        )
+        cos, sin = self.rotary_tables(params["position_ids"])
+        pasts = [
+            tuple(self.past(i, kind, batch, params["beam_idx"]) for kind in ("key", "value"))
+            for i in range(spec.layers)
+        ]
+        past_len = ops.gather(ops.shape_of(pasts[0][0][0]), self.int_const(2), self.int_const(0))
+        new_len = ops.gather(ops.shape_of(hidden), self.int_const(1), self.int_const(0))
+        total_len = ops.add(past_len, new_len, name="__module.model/aten::add/Add")
+        attention = _Attention(
+            mask=self.attention_mask(params["attention_mask"], past_len, total_len),
+            scale=self.f16_scalar(1.0 / math.sqrt(spec.head_dim)),
+            cos=cos,
+            sin=sin,
+            total_len=total_len,
+        )
+        sinks: list[Any] = []
+        for i in range(spec.layers):
+            hidden = self.attention_block(i, hidden, pasts[i], attention, sinks)
+            hidden = self.mlp_block(i, hidden)
+        normed = self.rms_norm(hidden, "model.norm.weight", "__module.model.norm")
+        lm_head = embed if spec.tie_word_embeddings else self.weight("lm_head.weight")
+        logits = ops.matmul(
+            normed, lm_head, False, True, name="__module.lm_head/aten::linear/MatMul"
+        )
+        logits.output(0).get_tensor().set_names({"logits"})
+        return self.model(logits, sinks, params)
+
+    def parameters(self) -> dict[str, Any]:
+        """The export's four inputs, by name, each with its tensor named after it."""
+        ov, ops = self.ov, self.ops
         params = {}
         for name, rank, dtype in (
             ("input_ids", 2, ov.Type.i64),
@@ -233,28 +291,18 @@ class _Qwen2Graph:
             param = ops.parameter(ov.PartialShape([-1] * rank), dtype, name=name)
             param.output(0).get_tensor().set_names({name})
             params[name] = param
+        return params
 
-        input_ids = params["input_ids"]
-        batch = ops.gather(ops.shape_of(input_ids), self.int_const([0]), self.int_const(0))
-
-        embed = self.weight("model.embed_tokens.weight")
-        hidden = ops.gather(
-            embed,
-            ops.convert(
-                input_ids, ov.Type.i32, name="__module.model.embed_tokens/aten::embedding/Convert"
-            ),
-            self.int_const(0),
-            name="__module.model.embed_tokens/aten::embedding/Gather",
-        )
-
-        # Rotary tables from position_ids, shared by all layers: [B, 1, S, hd].
-        # Like the export, the inverse frequencies are an f16-compressed constant too.
+    def rotary_tables(self, position_ids: Any) -> tuple[Any, Any]:
+        """cos and sin from position_ids, shared by all layers: [B, 1, S, hd]. Like the
+        export, the inverse frequencies are an f16-compressed constant too."""
+        ov, ops = self.ov, self.ops
         scope = "__module.model.rotary_emb"
         inv_freq = self.compressed(
-            rope_inv_freq(spec).reshape(1, -1, 1), f"{scope}/aten::to/Convert"
+            rope_inv_freq(self.spec).reshape(1, -1, 1), f"{scope}/aten::to/Convert"
         )
         positions = ops.convert(
-            ops.unsqueeze(params["position_ids"], self.int_const(1)),
+            ops.unsqueeze(position_ids, self.int_const(1)),
             ov.Type.f32,
             name=f"{scope}/aten::to/Convert_3",
         )
@@ -265,103 +313,104 @@ class _Qwen2Graph:
         angles = ops.concat([freqs, freqs], -1, name=f"{scope}/aten::cat/Concat")
         cos = ops.unsqueeze(ops.cos(angles, name=f"{scope}/aten::cos/Cos"), self.int_const(1))
         sin = ops.unsqueeze(ops.sin(angles, name=f"{scope}/aten::sin/Sin"), self.int_const(1))
+        return cos, sin
 
-        pasts = [
-            tuple(self.past(i, kind, batch, params["beam_idx"]) for kind in ("key", "value"))
-            for i in range(spec.layers)
-        ]
-        past_len = ops.gather(ops.shape_of(pasts[0][0][0]), self.int_const(2), self.int_const(0))
-        new_len = ops.gather(ops.shape_of(hidden), self.int_const(1), self.int_const(0))
-        total_len = ops.add(past_len, new_len, name="__module.model/aten::add/Add")
-        mask = self.attention_mask(params["attention_mask"], past_len, total_len)
-        scale = self.f16_scalar(1.0 / math.sqrt(spec.head_dim))
-
-        sinks = []
-        repeat_shape = None
-        for i in range(spec.layers):
-            (past_k, k_var), (past_v, v_var) = pasts[i]
-            scope = f"__module.model.layers.{i}"
-            attn = f"{scope}.self_attn"
-            normed = self.rms_norm(
-                hidden, f"model.layers.{i}.input_layernorm.weight", f"{scope}.input_layernorm"
-            )
-            q = self.split_heads(
-                self.linear(normed, f"model.layers.{i}.self_attn.q_proj", bias=True),
-                spec.attention_heads,
-                attn,
-                "",
-            )
-            k = self.split_heads(
-                self.linear(normed, f"model.layers.{i}.self_attn.k_proj", bias=True),
-                spec.kv_heads,
-                attn,
-                "_1",
-            )
-            v = self.split_heads(
-                self.linear(normed, f"model.layers.{i}.self_attn.v_proj", bias=True),
-                spec.kv_heads,
-                attn,
-                "_2",
-            )
-            q = self.rotary(q, cos, sin, attn, "")
-            k = self.rotary(k, cos, sin, attn, "_1")
-            # The export concatenates on axis -2 (== 2 for the 4-D KV layout).
-            keys = ops.concat([past_k, k], -2, name=f"{attn}/aten::cat/Concat_2")
-            values = ops.concat([past_v, v], -2, name=f"{attn}/aten::cat/Concat_3")
-            # ... and its KV Concat the name of the present output it replaced.
-            keys.output(0).get_tensor().set_names({f"present.{i}.key"})
-            values.output(0).get_tensor().set_names({f"present.{i}.value"})
-            sinks += [ops.assign(keys, k_var), ops.assign(values, v_var)]
-            if repeat_shape is None and spec.attention_heads != spec.kv_heads:
-                # One expand target for all layers, from layer 0's keys, as in the export.
-                repeat_shape = self.kv_repeat_shape(keys, total_len)
-            keys = self.repeat_kv(keys, repeat_shape, attn, "_2")
-            values = self.repeat_kv(values, repeat_shape, attn, "_3")
-            context = ops.scaled_dot_product_attention(
-                q,
-                keys,
-                values,
-                mask,
-                scale,
-                causal=False,
-                name=f"{attn}/aten::scaled_dot_product_attention/ScaledDotProductAttention",
-            )
-            context = ops.reshape(
-                ops.transpose(context, self.int_const([0, 2, 1, 3])),
-                self.int_const([0, 0, spec.attention_heads * spec.head_dim]),
-                True,
-                name=f"{attn}/aten::reshape/Reshape_2",
-            )
-            hidden = ops.add(
-                hidden,
-                self.linear(context, f"model.layers.{i}.self_attn.o_proj", bias=False),
-                name=f"{scope}/aten::add/Add",
-            )
-            normed = self.rms_norm(
-                hidden,
-                f"model.layers.{i}.post_attention_layernorm.weight",
-                f"{scope}.post_attention_layernorm",
-            )
-            mlp = f"model.layers.{i}.mlp"
-            gate = self.silu(
-                self.linear(normed, f"{mlp}.gate_proj", bias=False),
-                f"__module.{mlp}.act_fn/aten::silu/Swish",
-            )
-            up = self.linear(normed, f"{mlp}.up_proj", bias=False)
-            down = self.linear(
-                ops.multiply(gate, up, name=f"__module.{mlp}/aten::mul/Multiply"),
-                f"{mlp}.down_proj",
-                bias=False,
-            )
-            hidden = ops.add(hidden, down, name=f"{scope}/aten::add/Add_1")
-
-        normed = self.rms_norm(hidden, "model.norm.weight", "__module.model.norm")
-        lm_head = embed if spec.tie_word_embeddings else self.weight("lm_head.weight")
-        logits = ops.matmul(
-            normed, lm_head, False, True, name="__module.lm_head/aten::linear/MatMul"
+    def attention_block(
+        self,
+        i: int,
+        hidden: Any,
+        past: tuple[Any, ...],
+        attention: _Attention,
+        sinks: list[Any],
+    ) -> Any:
+        """Layer ``i``'s self-attention with its residual; appends the KV Assigns to
+        ``sinks`` and fixes the GQA expand target at the first layer that needs it."""
+        ops, spec = self.ops, self.spec
+        (past_k, k_var), (past_v, v_var) = past
+        scope = f"__module.model.layers.{i}"
+        attn = f"{scope}.self_attn"
+        normed = self.rms_norm(
+            hidden, f"model.layers.{i}.input_layernorm.weight", f"{scope}.input_layernorm"
         )
-        logits.output(0).get_tensor().set_names({"logits"})
-        model = ov.Model(
+        q = self.split_heads(
+            self.linear(normed, f"model.layers.{i}.self_attn.q_proj", bias=True),
+            spec.attention_heads,
+            attn,
+            "",
+        )
+        k = self.split_heads(
+            self.linear(normed, f"model.layers.{i}.self_attn.k_proj", bias=True),
+            spec.kv_heads,
+            attn,
+            "_1",
+        )
+        v = self.split_heads(
+            self.linear(normed, f"model.layers.{i}.self_attn.v_proj", bias=True),
+            spec.kv_heads,
+            attn,
+            "_2",
+        )
+        q = self.rotary(q, attention.cos, attention.sin, attn, "")
+        k = self.rotary(k, attention.cos, attention.sin, attn, "_1")
+        # The export concatenates on axis -2 (== 2 for the 4-D KV layout).
+        keys = ops.concat([past_k, k], -2, name=f"{attn}/aten::cat/Concat_2")
+        values = ops.concat([past_v, v], -2, name=f"{attn}/aten::cat/Concat_3")
+        # ... and its KV Concat the name of the present output it replaced.
+        keys.output(0).get_tensor().set_names({f"present.{i}.key"})
+        values.output(0).get_tensor().set_names({f"present.{i}.value"})
+        sinks += [ops.assign(keys, k_var), ops.assign(values, v_var)]
+        if attention.repeat_shape is None and spec.attention_heads != spec.kv_heads:
+            # One expand target for all layers, from layer 0's keys, as in the export.
+            attention.repeat_shape = self.kv_repeat_shape(keys, attention.total_len)
+        keys = self.repeat_kv(keys, attention.repeat_shape, attn, "_2")
+        values = self.repeat_kv(values, attention.repeat_shape, attn, "_3")
+        context = ops.scaled_dot_product_attention(
+            q,
+            keys,
+            values,
+            attention.mask,
+            attention.scale,
+            causal=False,
+            name=f"{attn}/aten::scaled_dot_product_attention/ScaledDotProductAttention",
+        )
+        context = ops.reshape(
+            ops.transpose(context, self.int_const([0, 2, 1, 3])),
+            self.int_const([0, 0, spec.attention_heads * spec.head_dim]),
+            True,
+            name=f"{attn}/aten::reshape/Reshape_2",
+        )
+        return ops.add(
+            hidden,
+            self.linear(context, f"model.layers.{i}.self_attn.o_proj", bias=False),
+            name=f"{scope}/aten::add/Add",
+        )
+
+    def mlp_block(self, i: int, hidden: Any) -> Any:
+        """Layer ``i``'s post-attention norm and SwiGLU MLP with its residual."""
+        ops = self.ops
+        scope = f"__module.model.layers.{i}"
+        normed = self.rms_norm(
+            hidden,
+            f"model.layers.{i}.post_attention_layernorm.weight",
+            f"{scope}.post_attention_layernorm",
+        )
+        mlp = f"model.layers.{i}.mlp"
+        gate = self.silu(
+            self.linear(normed, f"{mlp}.gate_proj", bias=False),
+            f"__module.{mlp}.act_fn/aten::silu/Swish",
+        )
+        up = self.linear(normed, f"{mlp}.up_proj", bias=False)
+        down = self.linear(
+            ops.multiply(gate, up, name=f"__module.{mlp}/aten::mul/Multiply"),
+            f"{mlp}.down_proj",
+            bias=False,
+        )
+        return ops.add(hidden, down, name=f"{scope}/aten::add/Add_1")
+
+    def model(self, logits: Any, sinks: list[Any], params: Mapping[str, Any]) -> ov.Model:
+        """The ``ov.Model`` with the export's rt_info: its runtime options and our spec."""
+        ops, spec = self.ops, self.spec
+        model = self.ov.Model(
             [ops.result(logits)],
             sinks,
             [params[n] for n in ("input_ids", "attention_mask", "position_ids", "beam_idx")],
@@ -369,6 +418,8 @@ class _Qwen2Graph:
         )
         for key, value in RUNTIME_OPTIONS.items():
             model.set_rt_info(value, ["runtime_options", key])
+        # A stable label (the builder's module before it moved to ovspec.builtin): a new
+        # value would change every built-in model's IR, and so its keys.
         model.set_rt_info("ovspec.testing", ["ovspec", "generator"])
         model.set_rt_info(json.dumps(spec.to_json(), sort_keys=True), ["ovspec", "model_spec"])
         return model

@@ -1,4 +1,4 @@
-"""Tests of ovspec.testing.qwen2: the synthetic Qwen2 IR has the export's interface and
+"""Tests of ovspec.builtin.qwen2: the synthetic Qwen2 IR has the export's interface and
 structure, and computes what a numpy Qwen2 reference computes from the same weights."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import numpy.typing as npt
 import openvino as ov
 import pytest
 
-from ovspec.errors import BadRequestError, ModelError
-from ovspec.testing.presets import (
+from ovspec.builtin.presets import (
     PRESETS,
     ModelSpec,
     generate_weight,
     generate_weights,
     rope_inv_freq,
 )
-from ovspec.testing.qwen2 import MASK_FILL_VALUE, MODEL_XML, build_model, write_model
+from ovspec.builtin.qwen2 import MASK_FILL_VALUE, MODEL_XML, build_model, write_model
+from ovspec.errors import BadRequestError, ModelError
 
 TINY = PRESETS["tiny"]
 
