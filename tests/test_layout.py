@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ovspec"
 # peers and may not import each other.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "version"}),  # primitives
-    frozenset({"ladder"}),
+    frozenset({"ladder", "extras"}),  # the ladder; the optional extras' check
     frozenset({"stats", "builtin", "testing"}),  # statistics; builtin: models; test helpers
     frozenset({"ir", "store"}),  # the model side; the blob store
     frozenset({"compile"}),

@@ -18,6 +18,7 @@ from ovspec.cli.options import (
     json_option,
 )
 from ovspec.errors import BadRequestError
+from ovspec.extras import require_extra
 from ovspec.ladder import Ladder
 
 KV = tuple[tuple[str, str], ...]
@@ -65,6 +66,15 @@ def _arm_options(letter: str) -> Callable[[Callable[..., object]], Callable[...,
         return func
 
     return decorate
+
+
+def plot_needs_the_bench_extra(
+    ctx: click.Context, param: click.Parameter, value: Path | None
+) -> Path | None:
+    """--plot draws with matplotlib: refuse it before the trial runs, not after."""
+    if value is not None:
+        require_extra("bench", "ab-compile --plot")
+    return value
 
 
 @cli.command("ab-compile")
@@ -115,6 +125,7 @@ def _arm_options(letter: str) -> Callable[[Callable[..., object]], Callable[...,
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
+    callback=plot_needs_the_bench_extra,
     help="Write a PNG paired plot (one line per pair, A to B) here.",
 )
 @click.option(

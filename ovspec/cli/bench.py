@@ -18,9 +18,11 @@ from ovspec.cli.options import (
     emit_json,
     json_option,
     ladder_option,
+    model_folder,
     split_option,
 )
 from ovspec.errors import BadRequestError
+from ovspec.extras import require_extra
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
@@ -123,15 +125,13 @@ def bench(
     compile figures are real compiles. Properties default to exact f32 on CPU,
     without thread pinning, for every protocol.
     """
+    require_extra("bench", "ovspec bench")
     from ovspec.bench.protocols.report import environment, render_text, to_json, write_plots
     from ovspec.bench.protocols.runner import BenchConfig, run_bench
     from ovspec.compile.split import CoreSplit
-    from ovspec.ir.model_dir import resolve_model
     from ovspec.ir.reference import EXACT_CPU_PROPERTIES
-    from ovspec.store.local import Store
 
-    root = cache_dir if cache_dir is not None else Store.default_root()
-    model_dir = resolve_model(model, root / "models")
+    model_dir = model_folder(model, cache_dir)
     properties = (
         dict(config) if config else (dict(EXACT_CPU_PROPERTIES) if device.upper() == "CPU" else {})
     )

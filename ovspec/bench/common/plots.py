@@ -12,7 +12,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from ovspec.extras import missing_extra
+
+try:
+    import matplotlib
+except ModuleNotFoundError as exc:
+    raise missing_extra("bench", "the benchmark plots") from exc
 
 matplotlib.use("Agg")  # files only: no display on build machines
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from ovspec.bench.kv.boundaries import (
     COPY,
@@ -26,6 +25,7 @@ from ovspec.bench.kv.boundaries import (
     check_remap_ladder,
 )
 from ovspec.errors import BadRequestError, TrialError
+from ovspec.extras import require_extra
 from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import prefill_specialization
 from ovspec.ladder import Ladder
@@ -132,6 +132,7 @@ def run_decode(config: DecodeConfig, say: Callable[[str], None] = print) -> Deco
     then ``config.passes - 1`` passes of copy-and-grow against remap alone."""
     import ovspec.runtime.decoding as runtime
 
+    require_extra("bench", "the KV benchmark's decode")
     began = time.perf_counter()
     ladder, top = config.ladder, config.ladder.top_tokens
     with (
@@ -263,6 +264,8 @@ class _Lockstep:
                     loader.release(rung)  # every ladder arm has left it
                     passed.append(rung)
                 if (index + 1) % 256 == 0:
+                    import psutil  # the bench extra, checked in run_decode
+
                     rss = psutil.Process().memory_info().rss
                     say(f"  {index + 1}/{len(self.forced)} tokens; RSS {rss / 2**30:.1f} GiB")
         finally:
