@@ -26,8 +26,8 @@ RENDERERS: dict[str, str] = {
     "kv": "ovspec.bench.kv.page:render",
     "overlap": "ovspec.bench.overlap.analysis:render",
     "remote": "ovspec.bench.remote.page:render",
-    "speed": "ovspec.bench.speed.runner:render",
-    "sweep": "ovspec.bench.sweep.runner:render",
+    "speed": "ovspec.bench.speed.page:render_page",
+    "sweep": "ovspec.bench.sweep.page:render",
 }
 
 RESULTS_FOLDER = "results"

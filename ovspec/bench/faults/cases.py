@@ -1,6 +1,6 @@
 """The fault classes of the store's campaign, one function each, in the order of the
 table in docs/reliability.md. Each injects its fault from outside ovspec and observes
-through ``ovspec`` processes (``faults.Harness``); a case says what it saw and whether
+through ``ovspec`` processes (``harness.Harness``); a case says what it saw and whether
 that was what the store promises (cache/README.md)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ovspec.bench.faults.trust import (
 from ovspec.store.digests import digest_file
 from ovspec.store.local import Store
 
-# -- payload damage (the earlier campaign's classes) ----------------------------------
+# -- payload damage ----------------------------------------------------------------------
 
 
 def _damage(h: Harness, name: str, damage: str) -> Outcome:
@@ -122,8 +122,9 @@ def corrupt_memo(h: Harness) -> Outcome:
 
 
 def poisoned_blob(h: Harness) -> Outcome:
-    """What ovspec before issue 10 stored after a short export: a truncated payload whose
-    sidecar and row name its truncated size and checksum, so it verifies."""
+    """What a store that did not check an export's length would keep after a short
+    export: a truncated payload whose sidecar and row name its truncated size and
+    checksum, so it verifies; importing it must quarantine it."""
     root = h.warm_copy("poisoned")
     with Store(root, strict=True) as store:
         for entry in store.entries():
@@ -225,7 +226,7 @@ def killed_builds(h: Harness, count: int = 20, seed: int = 10) -> Outcome:
     args = ("build", str(h.model), "--ladder", LADDER, "--cache-dir", str(root))
     for _ in range(count):
         proc = h.start(*args)
-        time.sleep(rng.uniform(0.3, 3.5))  # start-up ~1.5 s, then four compiles
+        time.sleep(rng.uniform(0.3, 3.5))  # anywhere from start-up to the last compile
         proc.send_signal(signal.SIGKILL)
         h.finish(proc, args)
     listed = h.run("cache", "ls", "--json", "--cache-dir", str(root))

@@ -1,5 +1,5 @@
 """The store's fault campaign: the harness (real processes, canary files, a clean run to
-compare with) and the table it prints. The fault classes are ``fault_cases``'s.
+compare with) and the table it prints. The fault classes are ``faults.cases``'s.
 
 Every fault is injected from outside ovspec (files damaged, links planted, a tmpfs
 filled, a file size limit, SIGKILL and SIGSTOP, chown) and observed through real

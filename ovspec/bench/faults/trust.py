@@ -1,6 +1,6 @@
 """Fault classes of the campaign about trust and edges: links planted in the store,
 a store another user owns (with a planted pickle), a read-only mount, weights edited in
-place, bad input and small leaks. ``fault_cases`` lists them with the others."""
+place, bad input and small leaks. ``faults.cases`` lists them with the others."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 slots of steps run with the background load on, how adjacent on/off slots pair up, their
 statistics, what they imply for I2 at the campaign's overlap fractions, and the page.
 
-Pure (no OpenVINO): ``overlap_run`` measures, this module judges and renders.
+Pure (no OpenVINO): ``overlap.runner`` measures, this module judges and renders.
 """
 
 from __future__ import annotations

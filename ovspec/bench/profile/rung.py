@@ -307,8 +307,8 @@ def profile_rung(
 
     ``compile_order`` "both" profiles the pair twice in this process, the rung compiled
     first, then (after both are freed) the stateful model first, and combines the two:
-    on the s24-s25 machine the graph compiled first stepped 4-6% slower whichever it was
-    (ratio 0.95-0.98 rung first, 0.91-0.92 stateful first, DESIGN.md §10.15)."""
+    on some machines the graph compiled first steps slower, whichever it is, and the
+    combination cancels that."""
     if steps < 1:
         raise BadRequestError(f"{arg('steps', str(steps))} must be at least 1")
     if compile_order not in COMPILE_ORDERS:

@@ -3,7 +3,7 @@
 Pure arithmetic over a ``DecodeResult``: foreground compile wall, critical path,
 decode time and tokens/s per context band, boundary waits and migrations, reserved
 (virtual) and physical (committed) KV, time- and token-weighted, and their peaks. The
-names are the seed's (DESIGN.md §3).
+names are the seed write-up's (docs/DESIGN.md defines them).
 """
 
 from __future__ import annotations

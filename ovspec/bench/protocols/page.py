@@ -80,8 +80,8 @@ def page_document(result: BenchResult, env: Mapping[str, str], command: str) -> 
             "protocols": [p.value for p in cfg.protocols],
             "arms": cfg.labels,
             "split": cfg.split.to_json() if cfg.split is not None else None,
-            # Which threads the split pins to the device cores (absent before 2026-12-01:
-            # the whole decode process was).
+            # Which threads the split pins to the device cores (absent from older results,
+            # which pinned the whole decode process).
             "split_pinning": (
                 ("decode_thread" if cfg.split.decode_thread_only else "process")
                 if cfg.split is not None

@@ -4,7 +4,8 @@ Each repetition is a row of a Williams design; each run is a fresh interpreter
 (``ovspec.bench.protocols.worker``) with a cold store (compile figures) or a prebuilt warm one.
 The same prompt and forced tokens go through every protocol, so boundary logits can
 be compared with the I1 control position by position. This module plans, runs and
-aggregates; ``figures`` computes per-run numbers and ``plots`` draws them.
+aggregates; ``metrics`` computes per-run numbers, ``report`` and ``page`` render them
+and ``common.plots`` draws them.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class BenchResult:
     memcpy_bytes_per_s: float = 0.0
     wall_s: float = 0.0
     # The measured floor: the dynamic stateful model's decode step (ms) at each band's
-    # last live length, and every thread reading the weights once (issue 9).
+    # last live length, and every thread reading the weights once.
     floor_step_ms: dict[int, float] = field(default_factory=dict)
     weights_read_ms: float = 0.0
     # os.getloadavg() when the runs began and when they ended: the machine's other load.

@@ -1,7 +1,7 @@
 """The bench page's sections over saved runs: the results document read back as
 ``RunFigures``, paired summaries, the plan's predicted slack against the measured one,
 the cost of sharing the cores, B1 against B0 and I1 per band, and boundary agreement.
-``bench_page`` assembles the page from these.
+``protocols.page`` assembles the page from these.
 """
 
 from __future__ import annotations

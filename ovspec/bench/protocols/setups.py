@@ -1,4 +1,4 @@
-"""The five decode protocols the bench compares (DESIGN.md §3), as values.
+"""The five decode protocols the bench compares, as values (docs/DESIGN.md defines them).
 
 A protocol fixes which rungs exist, when they are compiled (the loader policy) and
 how KV memory is laid out. B0 is the direct max-capacity graph; B1 the shared-max

@@ -54,9 +54,9 @@ class RunRequest:
 
 def run(request: RunRequest) -> dict[str, Any]:
     # Not pinned here: ``open`` pins this (the decode) thread to the device cores and
-    # the rest to the host. OpenVINO must start with the whole mask: started on the
-    # device core alone, it put the pool threads that build an imported graph back on
-    # that core whenever they entered its pool (measured per thread).
+    # the rest to the host. OpenVINO must start with the whole mask: a thread entering
+    # its pool gets the mask OpenVINO started with, so the device core alone would put
+    # the threads that build an imported graph back on that core.
     from ovspec.compile.split import CoreSplit
 
     split = CoreSplit.from_json(request.split) if request.split is not None else None
@@ -154,8 +154,8 @@ def run(request: RunRequest) -> dict[str, Any]:
 
 def peak_rss() -> int:
     """This process's peak resident set (VmHWM). Not ``ru_maxrss``: Linux keeps the
-    pre-exec image's high-water mark in it, so a worker spawned by a bench that had
-    touched 600 MiB reported 600 MiB whatever it did itself."""
+    pre-exec image's high-water mark in it, so a worker would report its parent's peak
+    whenever that was higher than its own."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):

@@ -45,10 +45,10 @@ class MemorySampler(threading.Thread):
     """Peak PSS and RssAnon of this process. VmHWM counts a shared file page once per
     mapping (a weightless import maps the .bin again); PSS counts it once.
 
-    RssAnon and RssFile come from ``/proc/self/status`` every 50 ms (~0.1 ms a read). PSS
-    needs ``smaps_rollup``, which walks every page table: ~22 ms a read at 3 GiB, a third
-    of a core at 50 ms, taken from the arm being timed (measured). It is read only when
-    the resident set is ``PSS_STEP_MIB`` above its last reading, and at the end."""
+    RssAnon and RssFile come from ``/proc/self/status`` every 50 ms (a cheap read). PSS
+    needs ``smaps_rollup``, which walks every page table: read every 50 ms it would take
+    a share of a core from the arm being timed, so it is read only when the resident
+    set is ``PSS_STEP_MIB`` above its last reading, and at the end."""
 
     PSS_STEP_MIB = 64.0
 

@@ -214,7 +214,7 @@ def _targets(summary: Mapping[str, Any], bands: list[str]) -> list[str]:
             continue
         ratios = [fig["band_ratio"].get(b) for b in bands]
         if any(r is None for r in ratios):
-            continue  # a memory-only run (pages before 2026-12-01: eager made 8 tokens)
+            continue  # a memory-only run (older results' eager arm made 8 tokens)
         worst = max(r for r in ratios if r is not None)
         met = worst <= DECODE_TARGET and fig["tokens_identical"]
         what = "the rungs alone" if name == "ovspec-eager" else "one-ahead"

@@ -2,10 +2,10 @@
 same IR, device and exact properties, side by side in one run.
 
 Owns the plan (arms, interleaved rounds with the order rotated and reversed, a fresh
-process per run via ``speed_arm``), the figures (ms/token per context band with the
+process per run via ``speed.arm``), the figures (ms/token per context band with the
 ratio to genai at the same live context, identical tokens, spawn -> first token, peak
-VmHWM / PSS / private memory, the eager protocol's memory) and the page they render
-into (``docs/benchmarks/speed.md`` beside ``results/speed.json``).
+VmHWM / PSS / private memory, the eager protocol's memory) and the results document
+``speed.page`` renders into ``docs/benchmarks/speed.md``.
 """
 
 from __future__ import annotations
@@ -139,8 +139,9 @@ def materialize(model: str, work_dir: Path) -> Path:
 def compile_own_bytecode(tree: Path | None = None) -> bool:
     """Compile ovspec's modules to bytecode (this checkout's, or ``tree``'s), as ``pip
     install .`` does: openvino and genai come compiled, and an editable checkout run with
-    ``PYTHONDONTWRITEBYTECODE`` would compile ~100 modules from source in every spawned
-    arm (~0.1 s of its start, measured). False where the package folder is not writable."""
+    ``PYTHONDONTWRITEBYTECODE`` would compile every module from source in every spawned
+    arm, a start-up cost genai's arm does not pay. False where the package folder is not
+    writable."""
     import compileall
 
     here = Path(__file__).resolve().parents[2]  # ovspec/, from ovspec/bench/speed/runner.py
@@ -317,10 +318,3 @@ def summarize(
             for band, ms in figures["band_ms"].items()
         }
     return out
-
-
-def render(results: Mapping[str, Any]) -> str:
-    """The Markdown page (docs/benchmarks/speed.md) from a results document."""
-    from ovspec.bench.speed.page import render_page
-
-    return render_page(results)
