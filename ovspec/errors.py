@@ -116,6 +116,12 @@ class TrialError(OvspecError):
     exit_code = 4
 
 
+class MissingExtraError(OvspecError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+    exit_code = 2
+
+
 class PatchError(OvspecError):
     """A compiler source tree is not in a state the patch can be applied to or reverted from."""
 

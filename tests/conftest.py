@@ -109,7 +109,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in tiny Qwen2 model, written once per test session."""
-    from ovspec.testing import PRESETS, write_model
+    from ovspec.builtin import PRESETS, write_model
 
     return write_model(PRESETS["tiny"], tmp_path_factory.mktemp("models") / "tiny")
 

@@ -22,8 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ovspec"
 # peers and may not import each other.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "version"}),  # primitives
-    frozenset({"ladder"}),
-    frozenset({"stats", "testing"}),  # statistics; synthetic test models
+    frozenset({"ladder", "extras"}),  # the ladder; the optional extras' check
+    frozenset({"stats", "builtin", "testing"}),  # statistics; builtin: models; test helpers
     frozenset({"ir", "store"}),  # the model side; the blob store
     frozenset({"compile"}),  # with the device profiles at its bottom (compile/devices)
     frozenset({"runtime"}),
@@ -137,7 +137,7 @@ def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     # The two checks above must be able to fail.
     with pytest.raises(graphlib.CycleError):
         graphlib.TopologicalSorter({"a": ["b"], "b": ["a"]}).prepare()
-    assert layer_of("ovspec.runtime.loader") < layer_of("ovspec.bench.runner")
+    assert layer_of("ovspec.runtime.loader") < layer_of("ovspec.bench.protocols.runner")
     assert layer_of("ovspec.store.local") == layer_of("ovspec.ir.roles")
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.build_records import DEFAULT_MODELS_DIR
-from ovspec.bench.build_report import format_report
-from ovspec.bench.build_runner import Settings, run_benchmark
+from ovspec.bench.build.report import format_report
+from ovspec.bench.build.runner import Settings, run_benchmark
+from ovspec.bench.common.records import DEFAULT_MODELS_DIR
 from ovspec.cli import tool_errors
 from ovspec.cli.options import chunk_option, device_options, ladder_option, phases_option
 from ovspec.ladder import Ladder

@@ -23,16 +23,16 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.build_records import DEFAULT_MODELS_DIR
-from ovspec.bench.kvbench import DECODE_ARMS, run_boundaries
-from ovspec.bench.kvbench_report import (
+from ovspec.bench.common.records import DEFAULT_MODELS_DIR
+from ovspec.bench.kv.boundaries import DECODE_ARMS, run_boundaries
+from ovspec.bench.kv.decode import DecodeConfig, run_decode
+from ovspec.bench.kv.page import (
     environment,
     load_average,
     render,
     results_document,
     write_plot,
 )
-from ovspec.bench.kvdecode import DecodeConfig, run_decode
 from ovspec.cli.options import chunk_option, device_options
 from ovspec.errors import OvspecError
 from ovspec.ladder import Ladder

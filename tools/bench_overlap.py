@@ -19,9 +19,9 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.overlap import LOADS, PAGE, Overlap, campaign_overlap
-from ovspec.bench.overlap_run import OverlapConfig, run_overlap
-from ovspec.bench.pages import results_path, write_page
+from ovspec.bench.common.pages import results_path, write_page
+from ovspec.bench.overlap.analysis import LOADS, PAGE, Overlap, campaign_overlap
+from ovspec.bench.overlap.runner import OverlapConfig, run_overlap
 from ovspec.cli import tool_errors
 from ovspec.compile.split import CoreSplit
 from ovspec.errors import BadRequestError

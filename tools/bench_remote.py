@@ -20,9 +20,9 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.build_records import DEFAULT_MODELS_DIR
-from ovspec.bench.pages import write_page
-from ovspec.bench.remote_bench import PAGE, Settings, run_benchmark
+from ovspec.bench.common.pages import write_page
+from ovspec.bench.common.records import DEFAULT_MODELS_DIR
+from ovspec.bench.remote.runner import PAGE, Settings, run_benchmark
 from ovspec.cli import tool_errors
 from ovspec.cli.options import chunk_option, ladder_option, phases_option
 from ovspec.ladder import Ladder

@@ -20,9 +20,16 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.build_records import DEFAULT_MODELS_DIR
-from ovspec.bench.pages import write_page
-from ovspec.bench.speed import ARMS, DEFAULT_ARMS, DEFAULT_LADDER, PAGE, SpeedConfig, run_speed
+from ovspec.bench.common.pages import write_page
+from ovspec.bench.common.records import DEFAULT_MODELS_DIR
+from ovspec.bench.speed.runner import (
+    ARMS,
+    DEFAULT_ARMS,
+    DEFAULT_LADDER,
+    PAGE,
+    SpeedConfig,
+    run_speed,
+)
 from ovspec.cli import tool_errors
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder

@@ -22,9 +22,9 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.environment import environment, load_average
-from ovspec.bench.fault_cases import CASES, prepare
-from ovspec.bench.faults import FaultResult, format_table, run_campaign, totals
+from ovspec.bench.common.environment import environment, load_average
+from ovspec.bench.faults.cases import CASES, prepare
+from ovspec.bench.faults.harness import FaultResult, format_table, run_campaign, totals
 
 LOAD_AT_START = load_average()
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.pages import write_page
-from ovspec.bench.sweep import SweepGrid, parse_ladders, run_sweep
+from ovspec.bench.common.pages import write_page
+from ovspec.bench.sweep.runner import SweepGrid, parse_ladders, run_sweep
 from ovspec.cli import tool_errors
 from ovspec.compile.split import CoreSplit
 from ovspec.ir.model_dir import ModelDir, resolve_model

@@ -23,6 +23,7 @@ from ovspec.cli.options import (
     model_folder,
 )
 from ovspec.errors import BadRequestError
+from ovspec.extras import require_extra
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
@@ -132,6 +133,15 @@ def _arms(
     return arm(Arm.A, a), arm(Arm.B, b)
 
 
+def plot_needs_the_bench_extra(
+    ctx: click.Context, param: click.Parameter, value: Path | None
+) -> Path | None:
+    """--plot draws with matplotlib: refuse it before the trial runs, not after."""
+    if value is not None:
+        require_extra("bench", "ab-compile --plot")
+    return value
+
+
 @cli.command("ab-compile")
 @click.argument("model")
 @click.option(
@@ -180,6 +190,7 @@ def _arms(
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
+    callback=plot_needs_the_bench_extra,
     help="Write a PNG paired plot (one line per pair, A to B) here.",
 )
 @click.option(

@@ -22,11 +22,12 @@ from ovspec.cli.options import (
     split_option,
 )
 from ovspec.errors import BadRequestError
+from ovspec.extras import require_extra
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
-    from ovspec.bench.metrics import RunFigures
-    from ovspec.bench.protocols import Protocol
+    from ovspec.bench.protocols.metrics import RunFigures
+    from ovspec.bench.protocols.setups import Protocol
     from ovspec.ir.compression import Compression
 
 
@@ -124,8 +125,9 @@ def bench(
     compile figures are real compiles. Properties default to exact f32 on CPU,
     without thread pinning, for every protocol.
     """
-    from ovspec.bench.report import environment, render_text, to_json, write_plots
-    from ovspec.bench.runner import BenchConfig, run_bench
+    require_extra("bench", "ovspec bench")
+    from ovspec.bench.protocols.report import environment, render_text, to_json, write_plots
+    from ovspec.bench.protocols.runner import BenchConfig, run_bench
     from ovspec.compile.devices import profile_for
     from ovspec.compile.split import CoreSplit
 
@@ -177,8 +179,8 @@ def bench(
     (work / "report.txt").write_text("\n".join(text) + "\n")
     written = write_plots(result, work) if plots else []
     if page_dir is not None:
-        from ovspec.bench.bench_page import page_document
-        from ovspec.bench.pages import write_page
+        from ovspec.bench.common.pages import write_page
+        from ovspec.bench.protocols.page import page_document
 
         command = "ovspec bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "ovspec bench"
         written.append(write_page(page_dir, "bench", page_document(result, env, command)))
@@ -194,7 +196,7 @@ def bench(
 
 
 def _protocols(text: str) -> tuple[Protocol, ...]:
-    from ovspec.bench.protocols import Protocol
+    from ovspec.bench.protocols.setups import Protocol
 
     names = [p.strip().upper() for p in text.split(",") if p.strip()]
     known = {p.value: p for p in Protocol}

@@ -18,7 +18,7 @@ from ovspec.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from ovspec.bench.profile import CompileOrder
+    from ovspec.bench.profile.rung import CompileOrder
 
 TOP_TYPES = 12
 
@@ -90,7 +90,7 @@ def profile(
     """Per-op-type time of one decode step of MODEL's rung next to the dynamic stateful
     model at the same live length (OpenVINO PERF_COUNT), and the measured floors: the
     stateful step and a weights-only read of the .bin."""
-    from ovspec.bench.profile import profile_rung
+    from ovspec.bench.profile.rung import profile_rung
     from ovspec.compile.devices import profile_for
     from ovspec.ir.rewrites import RewriteSet
 

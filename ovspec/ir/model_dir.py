@@ -125,7 +125,7 @@ def resolve_model(reference: str, models_root: Path | None) -> ModelDir:
     if models_root is None:
         raise ModelError(f"{reference} is written into a store's models folder; open a store")
     # Imported here: building a model needs openvino, a plain path does not.
-    from ovspec.testing import PRESETS, write_model
+    from ovspec.builtin import PRESETS, write_model
 
     preset = reference[len(BUILTIN_PREFIX) :]
     if preset not in PRESETS:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ovspec.errors import BadRequestError, TrialError
+from ovspec.extras import missing_extra
 from ovspec.stats.orders import Arm
 from ovspec.stats.paired import PairedSummary, summarize_pairs
 from ovspec.trials.records import WARMUP_PAIRS, EnvironmentGuard, RunRecord, TrialPlan
@@ -388,7 +389,10 @@ def report_to_dict(report: TrialReport) -> dict[str, Any]:
 def write_plot(report: TrialReport, path: Path) -> None:
     """A PNG: one panel per rung (and overall) for wall and CPU time, one line per pair
     from its A time to its B time, coloured by which arm ran first."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError as exc:
+        raise missing_extra("bench", "ab-compile's plot") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

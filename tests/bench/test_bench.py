@@ -9,15 +9,15 @@ import pytest
 from click.testing import CliRunner
 
 import ovspec.cli.commands  # noqa: F401
-from ovspec.bench.protocols import Protocol
-from ovspec.bench.report import _gain_text, environment, render_text, to_json, write_plots
-from ovspec.bench.runner import (
+from ovspec.bench.protocols.report import _gain_text, environment, render_text, to_json, write_plots
+from ovspec.bench.protocols.runner import (
     BenchConfig,
     band_comparison,
     boundary_agreement,
     paired_vs_control,
     run_bench,
 )
+from ovspec.bench.protocols.setups import Protocol
 from ovspec.cli import cli
 from ovspec.errors import BadRequestError
 from ovspec.ir.model_dir import ModelDir

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from ovspec.bench.metrics import RunFigures, compute, open_to_last_reserved
+from ovspec.bench.protocols.metrics import RunFigures, compute, open_to_last_reserved
 from ovspec.ladder import Ladder
 from ovspec.runtime.decoding import DecodeResult
 from ovspec.runtime.kvcache import Migration
@@ -100,7 +100,7 @@ def test_williams_orders_for_four_protocols_and_five_repetitions() -> None:
 def test_peak_rss_is_this_process_own_high_water_mark() -> None:
     import resource
 
-    from ovspec.bench.worker import peak_rss
+    from ovspec.bench.protocols.worker import peak_rss
 
     peak = peak_rss()
     # VmHWM never exceeds ru_maxrss (which also keeps a pre-exec image's peak).

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ovspec.bench.fault_cases import CASES, prepare
-from ovspec.bench.faults import format_table, run_campaign, totals
+from ovspec.bench.faults.cases import CASES, prepare
+from ovspec.bench.faults.harness import format_table, run_campaign, totals
 
 
 def test_one_fault_class_runs_through_real_processes(tmp_path: Path) -> None:

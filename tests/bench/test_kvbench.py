@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ovspec.bench.kvbench import (
+from ovspec.bench.kv.boundaries import (
     COPY,
     DECODE_ARMS,
     MEMCPY,
@@ -18,8 +18,8 @@ from ovspec.bench.kvbench import (
     run_boundaries,
     summarize_boundaries,
 )
-from ovspec.bench.kvbench_report import environment, render, results_document, write_plot
-from ovspec.bench.kvdecode import DecodeConfig, compare_bands, run_decode
+from ovspec.bench.kv.decode import DecodeConfig, compare_bands, run_decode
+from ovspec.bench.kv.page import environment, render, results_document, write_plot
 from ovspec.errors import BadRequestError, LadderError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.specialize import prepare, read_ir

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ovspec.bench import overlap
-from ovspec.bench.overlap import (
+from ovspec.bench.overlap import analysis
+from ovspec.bench.overlap.analysis import (
     Overlap,
     SlotPair,
     campaign_overlap,
@@ -167,7 +167,7 @@ def _document(control_shift: float) -> dict[str, object]:
 
 
 def test_the_page_shows_the_command_the_loads_and_what_they_imply() -> None:
-    page = overlap.render(_document(0.3))
+    page = analysis.render(_document(0.3))
     assert "python tools/bench_overlap.py --decodes 1" in page
     for name in ("build", "import", "memcpy"):
         assert f"| {name} | 10 |" in page
@@ -178,21 +178,21 @@ def test_the_page_shows_the_command_the_loads_and_what_they_imply() -> None:
 
 
 def test_the_page_says_blind_when_the_control_shows_nothing() -> None:
-    page = overlap.render(_document(0.0))
+    page = analysis.render(_document(0.0))
     assert "**No: the measurement is blind.**" in page
 
 
 def test_the_page_without_overlap_fractions_says_so() -> None:
     document = _document(0.3)
     document["overlap"] = None
-    assert "No overlap fractions were available" in overlap.render(document)
+    assert "No overlap fractions were available" in analysis.render(document)
 
 
 @pytest.mark.skipif(
     len(__import__("os").sched_getaffinity(0)) < 2, reason="the split needs 2 usable cores"
 )
 def test_a_tiny_run_end_to_end(tiny_dir: Path, tmp_path: Path) -> None:
-    from ovspec.bench.overlap_run import OverlapConfig, run_overlap
+    from ovspec.bench.overlap.runner import OverlapConfig, run_overlap
     from ovspec.compile.split import CoreSplit
     from ovspec.ir.model_dir import ModelDir
     from ovspec.ir.reference import EXACT_CPU_PROPERTIES
@@ -224,7 +224,7 @@ def test_a_tiny_run_end_to_end(tiny_dir: Path, tmp_path: Path) -> None:
     # The loads really ran while on: the scheduler counts their threads' run time in
     # nanoseconds (clock ticks of 10 ms had shown 0 for all three in CI).
     assert sum(document["loads"][n]["background_cpu_s"] for n in config.loads) > 0
-    assert "| memcpy | 5 |" in overlap.render(document)
+    assert "| memcpy | 5 |" in analysis.render(document)
     assert list(tmp_path.iterdir()) == []  # scratch removed
 
 

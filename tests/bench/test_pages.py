@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ovspec.bench import pages
+from ovspec.bench.common import pages
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 SAVED = sorted(p.stem for p in (DOCS / pages.RESULTS_FOLDER).glob("*.json"))

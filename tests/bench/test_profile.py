@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
-from ovspec.bench.profile import (
+from ovspec.bench.profile.rung import (
     COMPILE_ORDERS,
     StepProfile,
     combined,

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from s3server import BUCKET
 
-from ovspec.bench import remote_bench
-from ovspec.bench.pages import render_saved, results_path
-from ovspec.bench.remote_bench import Arm, Settings, render, run_benchmark, summarize
+from ovspec.bench.common.pages import render_saved, results_path
+from ovspec.bench.remote import runner
+from ovspec.bench.remote.page import render, summarize
+from ovspec.bench.remote.runner import Arm, Settings, run_benchmark
 from ovspec.ladder import Ladder
 from ovspec.testing.seaweed import ADMIN, SeaweedServer
 
@@ -19,7 +20,7 @@ PAGES = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 
 
 def test_every_arm_takes_every_position_equally() -> None:
-    orders = [remote_bench._order(k) for k in range(3)]
+    orders = [runner._order(k) for k in range(3)]
     for position in range(3):
         assert {order[position] for order in orders} == set(Arm)
 

@@ -11,11 +11,19 @@ import numpy as np
 import pytest
 
 import ovspec
-from ovspec.bench import speed_arm
-from ovspec.bench.pages import render_saved, write_page
-from ovspec.bench.speed import PAGE, SpeedConfig, _spawn, materialize, run_speed, summarize
-from ovspec.bench.speed_arm import ArmRequest, MemorySampler
-from ovspec.bench.speed_stats import band_ms, boundary_steps_ms, paired_band_ratios
+from ovspec.bench.common.pages import render_saved, write_page
+from ovspec.bench.speed import arm as speed_arm
+from ovspec.bench.speed.arm import ArmRequest, MemorySampler
+from ovspec.bench.speed.runner import (
+    PAGE,
+    SpeedConfig,
+    _spawn,
+    arm_module,
+    materialize,
+    run_speed,
+    summarize,
+)
+from ovspec.bench.speed.stats import band_ms, boundary_steps_ms, paired_band_ratios
 from ovspec.errors import BadRequestError, TrialError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder
@@ -53,7 +61,7 @@ def test_boundary_steps_are_the_steps_from_a_full_rung() -> None:
 
 
 def test_a_boundary_cell_takes_each_crossing_over_the_runs_that_reached_it() -> None:
-    from ovspec.bench.speed_page import _boundary_cell
+    from ovspec.bench.speed.page import _boundary_cell
 
     assert _boundary_cell([[200.0, 100.0], [220.0], [240.0, 120.0]]) == "220 / 110 (max 240)"
     assert _boundary_cell([[], []]) == "–" and _boundary_cell([]) == "–"
@@ -140,7 +148,7 @@ def test_a_tiny_run_renders_its_page(tmp_path: Path) -> None:
     # Arms start from compiled bytecode, as an installed package does (genai's is).
     compiled = results["config"]["own_bytecode"]
     assert ("compiled to bytecode before the runs" in text) is compiled
-    speed_source = Path(ovspec.__file__).parent / "bench" / "speed_arm.py"
+    speed_source = Path(ovspec.__file__).parent / "bench" / "speed" / "arm.py"
     cached = Path(importlib.util.cache_from_source(str(speed_source)))
     assert compiled is cached.is_file()
     assert render_saved(tmp_path / "pages", PAGE) == text  # the page is its results, rendered
@@ -204,3 +212,14 @@ def test_an_arm_that_ran_another_checkout_is_refused(
     monkeypatch.setenv("PYTHONSAFEPATH", "1")
     with pytest.raises(TrialError, match="ran ovspec from"):
         _spawn(request, tmp_path, base)
+
+
+def test_an_older_checkout_runs_its_own_arm_module(tmp_path: Path) -> None:
+    """``against`` may name a checkout from before the benchmarks had folders: its arm is
+    ``ovspec.bench.speed_arm``; this checkout's is ``ovspec.bench.speed.arm``."""
+    this = Path(ovspec.__file__).resolve().parents[1]
+    assert arm_module(this) == "ovspec.bench.speed.arm"
+    old = tmp_path / "old" / "ovspec" / "bench"
+    old.mkdir(parents=True)
+    (old / "speed_arm.py").write_text("")
+    assert arm_module(tmp_path / "old") == "ovspec.bench.speed_arm"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ovspec.bench.sweep import SweepGrid, parse_ladders
+from ovspec.bench.sweep.runner import SweepGrid, parse_ladders
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 

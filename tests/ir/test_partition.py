@@ -13,6 +13,7 @@ import pytest
 from conftest import DirectPrograms, load_llm
 
 import ovspec.ir.partition as partition
+from ovspec.builtin import PRESETS, write_model
 from ovspec.compile.devices import profile_for
 from ovspec.compile.halves import compile_halves
 from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE
@@ -23,7 +24,6 @@ from ovspec.ir.specialize import DynamicLLM, Specialization, read_ir, serving_sp
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import CopyAndGrowKV
 from ovspec.runtime.session import DecodeSession
-from ovspec.testing import PRESETS, write_model
 
 FIRST_GRAPH = serving_spec(Specialization.prefill(32, 8), 8, 32)  # 1..8 tokens, rung 32
 

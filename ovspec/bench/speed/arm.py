@@ -1,0 +1,199 @@
+"""One run of the speed benchmark in this fresh process:
+``python -m ovspec.bench.speed.arm REQUEST.json SPAWN_TIME``.
+
+Owns the arms (openvino-genai's ``LLMPipeline``; ovspec's loader in a given policy and
+load mode) and what a run records: the time of every generated token since the
+parent spawned this process, the token ids, the high-water RSS (VmHWM) and the peak
+PSS and private (RssAnon) memory (``MemorySampler``). Prints one ``RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+RESULT_PREFIX = "RESULT "
+
+
+@dataclass(frozen=True)
+class ArmRequest:
+    arm: str  # "genai" or "ovspec"
+    model_dir: str
+    prompt_ids: tuple[int, ...]
+    new_tokens: int
+    properties: dict[str, str]
+    ladder: str = ""
+    store_dir: str = ""
+    policy: str = "one_ahead"
+    load_mode: str = ""  # "" = the device's default
+    prefill_chunk_tokens: int = 128
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ArmRequest:
+        return cls(**{**data, "prompt_ids": tuple(data["prompt_ids"])})
+
+
+class MemorySampler(threading.Thread):
+    """Peak PSS and RssAnon of this process. VmHWM counts a shared file page once per
+    mapping (a weightless import maps the .bin again); PSS counts it once.
+
+    RssAnon and RssFile come from ``/proc/self/status`` every 50 ms (a cheap read). PSS
+    needs ``smaps_rollup``, which walks every page table: read every 50 ms it would take
+    a share of a core from the arm being timed, so it is read only when the resident
+    set is ``PSS_STEP_MIB`` above its last reading, and at the end."""
+
+    PSS_STEP_MIB = 64.0
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak_pss_mib = 0.0
+        self.peak_anon_mib = 0.0
+        self.pss_reads = 0
+        self._rss_at_pss_mib = -self.PSS_STEP_MIB
+        self._done = threading.Event()
+
+    def read_pss(self) -> None:
+        self.pss_reads += 1
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    self.peak_pss_mib = max(self.peak_pss_mib, int(line.split()[1]) / 1024)
+
+    def sample(self) -> None:
+        status = _status_mib_fields("RssAnon", "RssFile", "RssShmem")
+        self.peak_anon_mib = max(self.peak_anon_mib, status["RssAnon"])
+        rss_mib = sum(status.values())
+        if rss_mib >= self._rss_at_pss_mib + self.PSS_STEP_MIB:
+            self._rss_at_pss_mib = rss_mib
+            self.read_pss()
+
+    def run(self) -> None:
+        while not self._done.wait(0.05):
+            self.sample()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.sample()
+        self.read_pss()
+
+
+def _status_mib_fields(*fields: str) -> dict[str, float]:
+    found = dict.fromkeys(fields, 0.0)
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in found:
+                found[name] = int(value.split()[0]) / 1024
+    return found
+
+
+def _status_mib(field: str) -> float:
+    return _status_mib_fields(field)[field]
+
+
+def _genai(request: ArmRequest, on_token: Any) -> dict[str, Any]:
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    pipe = openvino_genai.LLMPipeline(request.model_dir, "CPU", **request.properties)
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = request.new_tokens
+    config.ignore_eos = True
+    config.do_sample = False
+    config.apply_chat_template = False
+    ids = np.array(request.prompt_ids, dtype=np.int64)[None]
+
+    class Ids(openvino_genai.StreamerBase):  # type: ignore[misc]
+        """Token ids as they come (the built-in models have no detokenizer)."""
+
+        def write(self, token: Any) -> Any:
+            for t in token if isinstance(token, list) else [token]:
+                on_token(int(t))
+            return openvino_genai.StreamingStatus.RUNNING
+
+        def end(self) -> None:
+            pass
+
+    inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+    pipe.generate(inputs, config, streamer=Ids())
+    return {}
+
+
+def _ovspec(request: ArmRequest, on_token: Any) -> dict[str, Any]:
+    import ovspec.runtime.decoding as runtime
+    from ovspec.store.local import Store
+
+    store = Store(Path(request.store_dir))
+    try:
+        with runtime.open(
+            request.model_dir,
+            ladder=request.ladder,
+            properties=request.properties,
+            store=store,
+            policy=request.policy,
+            prefill_chunk_tokens=request.prefill_chunk_tokens,
+            load_mode=request.load_mode or None,
+        ) as loader:
+            result = runtime.decode(
+                loader, request.prompt_ids, max_new_tokens=request.new_tokens, on_token=on_token
+            )
+    finally:
+        store.close()
+    return {
+        "rungs": list(result.rungs),
+        "boundary_wait_s": [b.program_wait_s for b in result.boundaries],
+        "loads": [
+            {"spec": e.spec, "kind": e.kind.value, "at_s": e.at_s, "seconds": e.seconds}
+            for e in result.events
+            if e.kind.value in ("compiled", "store_hit", "loaded", "wait", "released")
+        ],
+    }
+
+
+def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
+    sampler = MemorySampler()
+    sampler.start()
+    times: list[float] = []
+    tokens: list[int] = []
+
+    def on_token(token: int) -> None:
+        times.append(round(time.time() - spawn_s, 5))  # 10 us: well under a step
+        tokens.append(token)
+
+    if request.arm == "genai":
+        extra = _genai(request, on_token)
+    elif request.arm == "ovspec":
+        extra = _ovspec(request, on_token)
+    else:
+        raise SystemExit(f"unknown arm {request.arm!r}")
+    done_s = time.time() - spawn_s
+    sampler.stop()
+    return {
+        "ovspec_dir": str(Path(__file__).resolve().parents[2]),  # the checkout it ran from
+        "token_s": times,
+        "token_ids": tokens,
+        "done_s": done_s,
+        "vm_hwm_mib": _status_mib("VmHWM"),
+        "peak_pss_mib": sampler.peak_pss_mib,
+        "peak_anon_mib": sampler.peak_anon_mib,
+        **extra,
+    }
+
+
+def main(argv: list[str]) -> None:
+    request = ArmRequest.from_json(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+    result = run(request, float(argv[1]))
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,320 @@
+"""The speed benchmark: ovspec's loader against openvino-genai's ``LLMPipeline`` on the
+same IR, device and exact properties, side by side in one run.
+
+Owns the plan (arms, interleaved rounds with the order rotated and reversed, a fresh
+process per run via ``speed.arm``), the figures (ms/token per context band with the
+ratio to genai at the same live context, identical tokens, spawn -> first token, peak
+VmHWM / PSS / private memory, the eager protocol's memory) and the results document
+``speed.page`` renders into ``docs/benchmarks/speed.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ovspec.bench.speed.arm import RESULT_PREFIX, ArmRequest
+from ovspec.bench.speed.stats import band_ms
+from ovspec.errors import BadRequestError, TrialError
+from ovspec.ladder import Ladder
+
+PAGE = "speed"
+DEFAULT_LADDER = "256,512,1024,2048"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One way to generate: genai, or ovspec with a policy, a load mode and a store."""
+
+    name: str
+    runner: str  # "genai" | "ovspec"
+    store: str = ""  # "fresh" per run, "kept" across runs (primed once), "" (none)
+    policy: str = "one_ahead"
+    load_mode: str = ""  # "" = the device's default
+
+    @property
+    def description(self) -> str:
+        if self.runner == "genai":
+            return "openvino-genai LLMPipeline (dynamic, stateful), no cache"
+        mode = self.load_mode or "device default (CPU: compile from the IR)"
+        store = {"fresh": "cold store", "kept": "warm store"}.get(self.store, "")
+        return f"ovspec {self.policy.replace('_', '-')}, load {mode}, {store}"
+
+
+ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("genai", "genai"),
+        Arm("ovspec-cold", "ovspec", store="fresh"),
+        Arm("ovspec-warm", "ovspec", store="kept"),
+        Arm("ovspec-import-warm", "ovspec", store="kept", load_mode="import"),
+        Arm("ovspec-import-cold", "ovspec", store="fresh", load_mode="import"),
+        # Every rung compiled before the prompt: its bands are the rungs' own decode,
+        # with no successor compiling on the same cores (one-ahead's bands have one).
+        Arm("ovspec-eager", "ovspec", store="kept", policy="eager"),
+    )
+}
+DEFAULT_ARMS = ("genai", "ovspec-cold", "ovspec-warm", "ovspec-import-warm", "ovspec-eager")
+AGAINST_SUFFIX = "@base"  # an ovspec arm run from the checkout given as ``against``
+
+
+class ArmRun(NamedTuple):
+    """An arm as one run of a repetition: its label, and the checkout it runs from
+    (None: this one)."""
+
+    label: str
+    arm: Arm
+    tree: Path | None
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    model: str  # builtin:PRESET or an IR folder
+    work_dir: Path
+    ladder: Ladder = field(default_factory=lambda: Ladder.parse(DEFAULT_LADDER))
+    prompt_tokens: int = 128
+    new_tokens: int = 1000
+    repetitions: int = 3
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    prefill_chunk_tokens: int = 128
+    seed: int = 0
+    # A checkout of ovspec (a git worktree of the base commit, say) whose ovspec arms run
+    # beside this one's in every repetition, labelled ARM@base: a change against its
+    # base and genai, interleaved in one run.
+    against: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1 or self.new_tokens < 2:
+            raise BadRequestError("--prompt-tokens must be >= 1 and --new-tokens >= 2")
+        if self.prompt_tokens + self.new_tokens > self.ladder.top_tokens:
+            raise BadRequestError(
+                f"{self.prompt_tokens} + {self.new_tokens} tokens exceed the top rung "
+                f"{self.ladder.top_tokens}"
+            )
+        if self.repetitions < 1:
+            raise BadRequestError("--repetitions must be at least 1")
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown or "genai" not in self.arms:
+            raise BadRequestError(
+                f"--arms takes genai plus any of {', '.join(ARMS)} (got {', '.join(self.arms)})"
+            )
+        if self.against is not None and not (self.against / "ovspec" / "__init__.py").is_file():
+            raise BadRequestError(
+                f"--against {self.against}: not a checkout of ovspec (no ovspec/__init__.py)"
+            )
+
+    def runs(self) -> list[ArmRun]:
+        """Every arm from this checkout, then each ovspec arm from ``against``."""
+        own = [ArmRun(a, ARMS[a], None) for a in self.arms]
+        if self.against is None:
+            return own
+        base = [r for r in own if r.arm.runner == "ovspec"]
+        return own + [ArmRun(r.label + AGAINST_SUFFIX, r.arm, self.against) for r in base]
+
+    def bands(self) -> list[tuple[int, int]]:
+        """Live-context bands: the prompt to the first rung, then rung to rung."""
+        edges = [self.prompt_tokens, *[c for c in self.ladder if c > self.prompt_tokens]]
+        return list(itertools.pairwise(edges))
+
+
+def materialize(model: str, work_dir: Path) -> Path:
+    """An IR folder both runners read: the folder itself, or the preset written once."""
+    from ovspec.ir.model_dir import resolve_model
+
+    return resolve_model(model, work_dir / "models").root
+
+
+def compile_own_bytecode(tree: Path | None = None) -> bool:
+    """Compile ovspec's modules to bytecode (this checkout's, or ``tree``'s), as ``pip
+    install .`` does: openvino and genai come compiled, and an editable checkout run with
+    ``PYTHONDONTWRITEBYTECODE`` would compile every module from source in every spawned
+    arm, a start-up cost genai's arm does not pay. False where the package folder is not
+    writable."""
+    import compileall
+
+    here = Path(__file__).resolve().parents[2]  # ovspec/, from ovspec/bench/speed/runner.py
+    package = tree / "ovspec" if tree is not None else here
+    return bool(compileall.compile_dir(package, quiet=2))
+
+
+def arm_module(home: Path) -> str:
+    """The arm's module in the checkout at ``home``: one from before the benchmarks had
+    their own folders holds it at ovspec/bench/speed_arm.py (``against`` may be one)."""
+    if (home / "ovspec" / "bench" / "speed" / "arm.py").is_file():
+        return "ovspec.bench.speed.arm"
+    return "ovspec.bench.speed_arm"
+
+
+def _spawn(request: ArmRequest, folder: Path, tree: Path | None = None) -> dict[str, Any]:
+    path = folder / "request.json"
+    path.write_text(json.dumps(request.to_json()), encoding="utf-8")
+    # ``-m`` puts the working folder first on sys.path: run in ``tree`` (default: the
+    # folder holding this ovspec) and its ovspec wins over any other checkout or install
+    # (PYTHONPATH would lose to one in the caller's working folder).
+    home = (tree or Path(__file__).resolve().parents[3]).resolve()
+    spawn = time.time()
+    out = subprocess.run(
+        [sys.executable, "-m", arm_module(home), str(path), repr(spawn)],
+        capture_output=True,
+        text=True,
+        cwd=home,
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith(RESULT_PREFIX)), None)
+    if out.returncode != 0 or line is None:
+        raise TrialError(f"{request.arm} run failed (exit {out.returncode}): {out.stderr[-800:]}")
+    result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+    ran = result.get("ovspec_dir")  # absent from checkouts older than the field
+    if ran is not None and Path(ran) != home / "ovspec":
+        raise TrialError(f"{request.arm} ran ovspec from {ran}, not {home / 'ovspec'}")
+    return result
+
+
+def run_speed(
+    config: SpeedConfig,
+    properties: Mapping[str, str],
+    on_progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every arm ``repetitions`` times, interleaved; returns the results document."""
+    from ovspec.bench.common.environment import environment, load_average
+    from ovspec.runtime.decoding import loader_properties
+
+    say = on_progress or (lambda _m: None)
+    own_bytecode = compile_own_bytecode()
+    if config.against is not None:
+        compile_own_bytecode(config.against)
+    load_start = load_average()
+    began = time.perf_counter()
+    # Absolute: the arms run in their checkout's folder (``_spawn``).
+    work_dir = config.work_dir.resolve()
+    model_dir = materialize(config.model, work_dir)
+    rng = np.random.default_rng(config.seed)
+    prompt = tuple(int(t) for t in rng.integers(100, 2000, config.prompt_tokens))
+    planned = config.runs()
+    kept = {r.label: work_dir / f"store-{r.label}" for r in planned if r.arm.store == "kept"}
+    by_label = {r.label: r for r in planned}
+
+    def request(arm: Arm, store: Path | None) -> ArmRequest:
+        props = dict(properties) if arm.runner == "genai" else loader_properties("CPU", properties)
+        return ArmRequest(
+            arm=arm.runner,
+            model_dir=str(model_dir),
+            prompt_ids=prompt,
+            new_tokens=config.new_tokens,
+            properties=props,
+            ladder=str(config.ladder),
+            store_dir=str(store or ""),
+            policy=arm.policy,
+            load_mode=arm.load_mode,
+            prefill_chunk_tokens=config.prefill_chunk_tokens,
+        )
+
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="ovspec-speed-") as scratch:
+        folder = Path(scratch)
+        for label, warm in kept.items():  # prime the warm stores (not measured)
+            say(f"priming {label}")
+            _spawn(request(by_label[label].arm, warm), folder, by_label[label].tree)
+        labels = list(by_label)
+        for rep in range(config.repetitions):
+            order = labels[rep % len(labels) :] + labels[: rep % len(labels)]
+            if rep % 2:
+                order.reverse()
+            for label in order:
+                arm, tree = by_label[label].arm, by_label[label].tree
+                fresh = folder / f"fresh-{rep}-{label}"
+                store: Path | None = kept.get(label) or (fresh if arm.store == "fresh" else None)
+                say(f"repetition {rep + 1}/{config.repetitions}: {label}")
+                result = _spawn(request(arm, store), folder, tree)
+                shutil.rmtree(fresh, ignore_errors=True)
+                runs.append({"arm": label, "repetition": rep, **result})
+    env = environment(load_start)
+    return {
+        "config": {
+            "model": config.model,
+            "ladder": str(config.ladder),
+            "prompt_tokens": config.prompt_tokens,
+            "new_tokens": config.new_tokens,
+            "repetitions": config.repetitions,
+            "prefill_chunk_tokens": config.prefill_chunk_tokens,
+            "own_bytecode": own_bytecode,
+            # A list, not a mapping: the saved results sort mapping keys.
+            "arms": [
+                [r.label, r.arm.description + (f", from {r.tree}" if r.tree else "")]
+                for r in planned
+            ],
+            "against": str(config.against) if config.against is not None else None,
+            "properties": dict(properties),
+            "bands": config.bands(),
+        },
+        "environment": _plain(env),
+        "wall_s": time.perf_counter() - began,
+        "summary": summarize(runs, config.prompt_tokens, config.bands()),
+        # Per run: token times kept (the bands are recomputable), ids only as a head and
+        # a count (the summary holds the comparison with genai's).
+        "runs": [_slim(run) for run in runs],
+    }
+
+
+def _slim(run: Mapping[str, Any]) -> dict[str, Any]:
+    ids = list(run["token_ids"])
+    out = {k: v for k, v in run.items() if k != "token_ids"}
+    out["token_ids_head"] = ids[:8]
+    out["tokens"] = len(ids)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+
+
+def summarize(
+    runs: Sequence[Mapping[str, Any]], prompt_tokens: int, bands: Sequence[Sequence[int]]
+) -> dict[str, Any]:
+    """Medians per arm, ratios to genai per band, and whether tokens match genai's."""
+    reference = next((r["token_ids"] for r in runs if r["arm"] == "genai"), None)
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(r["arm"] for r in runs):
+        mine = [r for r in runs if r["arm"] == name]
+        per_band = {}
+        for lo, hi in bands:
+            values = [band_ms(r["token_s"], prompt_tokens, (lo, hi)) for r in mine]
+            kept = [v for v in values if v is not None]
+            per_band[f"{lo}-{hi}"] = statistics.median(kept) if kept else None
+        identical = [
+            reference is not None and r["token_ids"] == reference[: len(r["token_ids"])]
+            for r in mine
+        ]
+        out[name] = {
+            "n": len(mine),
+            "band_ms": per_band,
+            "first_token_s": statistics.median(r["token_s"][0] for r in mine),
+            "done_s": statistics.median(r["done_s"] for r in mine),
+            "vm_hwm_mib": statistics.median(r["vm_hwm_mib"] for r in mine),
+            "peak_pss_mib": statistics.median(r["peak_pss_mib"] for r in mine),
+            "peak_anon_mib": statistics.median(r["peak_anon_mib"] for r in mine),
+            "tokens_identical": all(identical),
+            "boundary_wait_s": max(max(r.get("boundary_wait_s") or [0.0]) for r in mine),
+        }
+    genai = out.get("genai")
+    for figures in out.values():
+        figures["band_ratio"] = {
+            band: (ms / genai["band_ms"][band])
+            if genai and ms is not None and genai["band_ms"].get(band)
+            else None
+            for band, ms in figures["band_ms"].items()
+        }
+    return out

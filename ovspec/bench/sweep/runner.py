@@ -1,0 +1,124 @@
+"""The generality sweep: I1 against I2 across model sizes, ladders and precisions.
+
+Owns the grid (``SweepGrid``: presets x ladders x compressions), running each cell as
+a small bench (I1 and I2 only, N repetitions in alternating order, a cold store per
+run, the same split) and the results document (every run's figures per cell) that
+``sweep.page`` renders.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ovspec.bench.protocols.runner import BenchConfig, run_bench
+from ovspec.bench.protocols.setups import Protocol
+from ovspec.compile.split import CoreSplit
+from ovspec.errors import BadRequestError
+from ovspec.ladder import Ladder
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class SweepGrid:
+    presets: tuple[str, ...]
+    ladders: tuple[tuple[str, Ladder], ...]  # (name, ladder), e.g. ("doubling", ...)
+    compressions: tuple[str, ...]  # none, int8, int4
+    prompt_tokens: int
+    repetitions: int
+
+    def __post_init__(self) -> None:
+        if not (self.presets and self.ladders and self.compressions):
+            raise BadRequestError("a sweep needs at least one preset, ladder and compression")
+        if self.repetitions < 2:
+            raise BadRequestError("a sweep needs --repetitions 2 or more (paired intervals)")
+        for _, ladder in self.ladders:
+            if self.prompt_tokens >= ladder.top_tokens:
+                raise BadRequestError(
+                    f"the {self.prompt_tokens}-token prompt does not fit ladder {ladder}"
+                )
+
+    def cells(self) -> list[tuple[str, str, Ladder, str]]:
+        return [
+            (preset, name, ladder, compression)
+            for preset, (name, ladder), compression in itertools.product(
+                self.presets, self.ladders, self.compressions
+            )
+        ]
+
+
+def run_sweep(
+    grid: SweepGrid,
+    resolve: Callable[[str], Any],
+    work_dir: Path,
+    split: CoreSplit | None,
+    properties: Mapping[str, str],
+    seed: int = 0,
+    on_cell: Callable[[int, int, str], None] | None = None,
+) -> dict[str, Any]:
+    """Every cell as an I1/I2 bench; returns the results document (JSON-ready).
+
+    ``resolve`` turns a preset name into a ``ModelDir``."""
+    began = time.perf_counter()
+    cells: list[dict[str, Any]] = []
+    grid_cells = grid.cells()
+    load_before = os.getloadavg()
+    for index, (preset, ladder_name, ladder, compression) in enumerate(grid_cells):
+        label = f"{preset} / {ladder_name} / {compression}"
+        if on_cell is not None:
+            on_cell(index, len(grid_cells), label)
+        config = BenchConfig(
+            model=resolve(preset),
+            ladder=ladder,
+            prompt_tokens=grid.prompt_tokens,
+            new_tokens=ladder.top_tokens - grid.prompt_tokens,
+            repetitions=grid.repetitions,
+            variants=("cold",),
+            device="CPU",
+            properties=dict(properties),
+            prefill_chunk_tokens=grid.prompt_tokens,
+            seed=seed,
+            work_dir=work_dir / f"cell-{index}",
+            protocols=(Protocol.I1, Protocol.I2),
+            split=split,
+            load_mode="import",
+            compression=compression,
+            measure_floor=False,
+        )
+        result = run_bench(config)
+        cells.append(
+            {
+                "preset": preset,
+                "ladder_name": ladder_name,
+                "ladder": list(ladder),
+                "compression": compression,
+                "runs": [r.figures.to_json() for r in result.runs],
+            }
+        )
+    return {
+        "prompt_tokens": grid.prompt_tokens,
+        "repetitions": grid.repetitions,
+        "split": split.to_json() if split is not None else None,
+        "properties": dict(properties),
+        "load_before": list(load_before),
+        "load_after": list(os.getloadavg()),
+        "wall_s": time.perf_counter() - began,
+        "cells": cells,
+    }
+
+
+def parse_ladders(texts: Sequence[str]) -> tuple[tuple[str, Ladder], ...]:
+    """``NAME=LADDER`` items, e.g. ``doubling=128,256,512``."""
+    out = []
+    for text in texts:
+        name, sep, ladder = text.partition("=")
+        if not sep or not name:
+            raise BadRequestError(f"--ladder takes NAME=RUNGS (got {text!r})")
+        out.append((name, Ladder.parse(ladder)))
+    return tuple(out)
