@@ -1,6 +1,6 @@
 """The package layout as a contract: imports point down the layers, peers stay apart,
-no module imports itself back through others, modules stay small, and only the device
-profiles decide by a device's name.
+no module imports itself back through others, modules and functions stay small, and
+only the device profiles decide by a device's name.
 
 Every ``import``/``from ... import`` of an ovspec module counts, at module level or
 inside a function or a ``TYPE_CHECKING`` block: a lazy import is still a dependency.
@@ -38,6 +38,7 @@ VIRTUAL_DEVICES = frozenset({"AUTO", "HETERO", "MULTI", "BATCH"})  # as spelled 
 TOOLS = PACKAGE.parent / "tools"
 MAX_MODULE_LINES = 500  # beyond it, a module says why at its top (see below)
 LONG_MODULE_REASON = "Longer than"  # the phrase a long module's docstring must carry
+MAX_FUNCTION_LINES = 100  # def line to last line, decorators excluded
 
 
 def module_name(path: Path) -> str:
@@ -152,6 +153,31 @@ def test_modules_stay_small_or_say_why() -> None:
         if LONG_MODULE_REASON not in doc:
             long.append(f"{module}: {lines} lines and no reason at its top")
     assert long == []
+
+
+def long_functions(source: str, name: str) -> list[str]:
+    """Every function in ``source`` longer than MAX_FUNCTION_LINES, as ``name:def``."""
+    return [
+        f"{name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+def test_functions_stay_under_a_hundred_lines() -> None:
+    long = [
+        found
+        for module, path in MODULES.items()
+        for found in long_functions(path.read_text(encoding="utf-8"), module)
+    ]
+    assert long == []
+
+
+def test_the_function_check_counts_a_long_body() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def big():\n{body}", "m") == ["m:big (101 lines)"]
+    assert long_functions(f"def fits():\n{body[: body.rindex('    x')]}", "m") == []
 
 
 def test_every_folder_says_what_it_owns() -> None:
