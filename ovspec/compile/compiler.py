@@ -142,6 +142,7 @@ class Compiler:
             self._prepared.start()
         try:
             self.facts: DeviceFacts = self.profile.resolve(self._core, self.properties)
+            self.profile.configure_core(self._core, self.properties)
         except BaseException:
             self._prepared.settle()
             raise

@@ -1,6 +1,7 @@
 """Rewrites of what a specialization takes and returns: the LM head on the last real
 row (prefill), the live-tokens state a CPU graph keeps instead of a mask and positions,
-and every layer's new K/V in one output. ``ir.rewrites`` owns the set and applies them.
+every layer's new K/V in one output, and the identity that keeps a Result apart from
+the nodes that also read its tensor (NPUW). ``ir.rewrites`` owns the set and applies them.
 """
 
 from __future__ import annotations
@@ -152,3 +153,22 @@ def merged_presents(model: ov.Model, roles: ModelRoles) -> None:
     for r in results:
         model.remove_result(r)
     model.add_results([ops.result(stacked)])
+
+
+def guarded_results(model: ov.Model) -> int:
+    """Give each Result whose tensor other nodes also read its own identity Reshape;
+    returns how many. NPUW (2026.4) computes wrong values, or refuses an f32/f16 link,
+    when a Result's tensor also feeds a later partition; a Convert to the same type is
+    no fix (its partitioner then loses parameters)."""
+    guarded = 0
+    for result in model.get_results():
+        source = result.input_value(0)
+        if len(source.get_target_inputs()) <= 1:
+            continue
+        names = result.output(0).get_names()
+        identity = ops.reshape(source, i64(list(source.get_shape())), special_zero=False)
+        identity.set_friendly_name(f"{result.get_friendly_name()}/result_guard")
+        result.input(0).replace_source_output(identity.output(0))
+        result.output(0).set_names(names)
+        guarded += 1
+    return guarded

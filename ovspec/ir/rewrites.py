@@ -22,6 +22,7 @@ from ovspec.errors import ModelError
 from ovspec.ir.graph_io import (
     RewriteRefused,
     dims,
+    guarded_results,
     i64,
     last_position_logits,
     live_tokens_state,
@@ -44,6 +45,7 @@ class GraphRewrite(Enum):
     LAST_POSITION = "last-position-logits"
     LIVE_STATE = "live-tokens-state"
     MERGED_PRESENTS = "merged-presents"
+    RESULT_GUARD = "result-guard"
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ def apply_rewrites(
             merged_presents(model, roles)
         except RewriteRefused as exc:
             notes.append(f"merged-presents not applied: {exc}")
+    if GraphRewrite.RESULT_GUARD in rewrites and guarded_results(model):
+        model.validate_nodes_and_infer_types()  # last: it guards the final Results
     for note in notes:
         log.warning("%s", note)
     return tuple(notes)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 import pytest
+from conftest import load_llm
 
 import ovspec
 from ovspec.compile.devices import CpuProfile, NpuProfile, NpuwProfile, profile_for
@@ -16,11 +17,14 @@ from ovspec.compile.modes import LoadMode
 from ovspec.errors import DeviceError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import GraphRewrite
+from ovspec.ir.specialize import Specialization
 from ovspec.runtime.decoding import decode
-from ovspec.runtime.loader import EventKind
+from ovspec.runtime.kv import KVLayout
+from ovspec.runtime.loader import EventKind, Policy
 from ovspec.store.local import Store
 
 NPUW = {"NPUW_DEVICES": "CPU"}
+EXACT = {**NPUW, **profile_for("NPU", NPUW).exact_properties}
 
 
 def test_the_npu_plugin_on_cpu_subdevices_is_claimed_by_its_properties() -> None:
@@ -37,9 +41,13 @@ def test_its_properties_are_completed_and_a_contradiction_refused() -> None:
     assert npuw.loader_properties(NPUW) == {**NPUW, USE_NPUW: "YES"}
     with pytest.raises(DeviceError, match="NPU_USE_NPUW=NO turns off"):
         npuw.required_properties({**NPUW, USE_NPUW: "NO"})
-    # The NPU path's defaults; split attention is left out (NPUW refuses its graphs).
+    # The NPU path's defaults: the portable rewrites and the guard NPUW needs.
     assert npuw.default_load_mode is LoadMode.IMPORT
-    assert npuw.default_rewrites.rewrites == {GraphRewrite.LAST_POSITION}
+    assert npuw.default_rewrites.rewrites == {
+        GraphRewrite.SPLIT_ATTENTION,
+        GraphRewrite.LAST_POSITION,
+        GraphRewrite.RESULT_GUARD,
+    }
     assert npuw.trial_properties(NPUW, frozenset({"NPU_BYPASS_UMD_CACHING"})) == NPUW
 
 
@@ -55,38 +63,109 @@ def test_its_identity_names_the_mode_and_the_subdevice() -> None:
         profile_for("NPU", {"NPUW_DEVICES": "XPU"}).resolve(core, {"NPUW_DEVICES": "XPU"})
 
 
-def test_the_npu_path_runs_on_the_plugin_and_a_second_start_is_all_hits(
-    qwen2_dir: Path, tmp_path: Path
+def test_the_npu_path_decodes_the_cpu_plugins_tokens_and_a_second_start_is_all_hits(
+    fixture_dir: Path, tmp_path: Path
 ) -> None:
-    prompt = [int(t) for t in np.load(qwen2_dir / "reference.npz")["prompt_ids"]]
+    prompt = [int(t) for t in np.load(fixture_dir / "reference.npz")["prompt_ids"]]
     keep = {"keep_logits": lambda _step, _live: True}
     with ovspec.open(
-        qwen2_dir, ladder="32,64", properties=EXACT_CPU_PROPERTIES, store=tmp_path / "cpu"
+        fixture_dir, ladder="32,64", properties=EXACT_CPU_PROPERTIES, store=tmp_path / "cpu"
     ) as loader:
-        control = decode(loader, prompt, max_new_tokens=30, **keep)
+        control = decode(loader, prompt, max_new_tokens=40, **keep)
     runs = []
     for _ in range(2):
         with ovspec.open(
-            qwen2_dir, ladder="32,64", device="NPU", properties=NPUW, store=tmp_path / "npu"
+            fixture_dir, ladder="32,64", device="NPU", properties=EXACT, store=tmp_path / "npu"
         ) as loader:
             assert loader.load_mode is LoadMode.IMPORT
-            runs.append(decode(loader, prompt, forced_ids=control.token_ids, **keep))
+            runs.append(decode(loader, prompt, max_new_tokens=40, **keep))
     first, second = runs
     assert first.rungs == second.rungs == control.rungs == (32, 64)
     kinds = [
         {e.kind for e in run.events} & {EventKind.COMPILED, EventKind.STORE_HIT} for run in runs
     ]
     assert kinds == [{EventKind.COMPILED}, {EventKind.STORE_HIT}]
-    # Teacher-forced on the CPU plugin's tokens: NPUW's CPU subgraphs run at the CPU's
-    # default precision (bf16 where it has it), so logits are close, not equal; a KV
-    # bound or grown wrongly would differ by whole units.
-    steps = sorted(control.logits)
-    worst = max(float(np.max(np.abs(first.logits[s] - control.logits[s]))) for s in steps)
-    agree = np.mean([np.argmax(first.logits[s]) == np.argmax(control.logits[s]) for s in steps])
-    assert worst < 1.0 and agree >= 0.8
-    assert all(np.array_equal(first.logits[s], second.logits[s]) for s in steps)
-    # Its blobs are stored under its own keys: never served to the CPU plugin.
-    with Store(tmp_path / "npu") as store:
-        devices = {entry.values()["device"] for entry in store.entries()}
-        architectures = {entry.values()["device_architecture"] for entry in store.entries()}
-    assert devices == {"NPU"} and all(PLUGIN_MODE in a for a in architectures)
+    # Greedy, not teacher-forced: the same tokens. NPUW's partitions add f32 rounding
+    # only (1e-5); a KV bound or grown wrongly, or NPUW's Result bug, differs by units.
+    assert first.token_ids == control.token_ids == second.token_ids
+    assert len(set(control.token_ids)) > len(control.token_ids) // 2  # not one token repeated
+    worst = max(float(np.max(np.abs(first.logits[s] - control.logits[s]))) for s in control.logits)
+    assert worst < 1e-4
+    assert all(np.array_equal(first.logits[s], second.logits[s]) for s in control.logits)
+
+
+def test_its_blobs_are_stored_under_their_own_keys_and_never_served_to_the_cpu(
+    qwen2_dir: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    prompt = [1, 2, 3, 4]
+    with ovspec.open(qwen2_dir, ladder="32", device="NPU", properties=EXACT, store=store) as npu:
+        decode(npu, prompt, max_new_tokens=2)
+    with ovspec.open(
+        qwen2_dir, ladder="32", properties=EXACT_CPU_PROPERTIES, store=store, load_mode="import"
+    ) as cpu:
+        events = decode(cpu, prompt, max_new_tokens=2).events
+    assert EventKind.STORE_HIT not in {e.kind for e in events}
+    with Store(store) as opened:
+        devices = sorted(entry.values()["device"] for entry in opened.entries())
+        identities = [entry.values()["device_architecture"] for entry in opened.entries()]
+    assert devices.count("NPU") == devices.count("CPU") > 0
+    assert sum(PLUGIN_MODE in a for a in identities) == devices.count("NPU")
+
+
+@pytest.mark.parametrize("policy", [Policy.ONE_AHEAD, Policy.ON_DEMAND])
+@pytest.mark.parametrize("layout", list(KVLayout))
+def test_every_kv_layout_and_policy_runs_on_it(
+    qwen2_dir: Path, tmp_path: Path, layout: KVLayout, policy: Policy
+) -> None:
+    reference = np.load(qwen2_dir / "reference.npz")
+    prompt = [int(t) for t in reference["prompt_ids"]]
+    with ovspec.open(
+        qwen2_dir,
+        ladder="64,128",  # remap's rungs are whole pages of KV
+        device="NPU",
+        properties=EXACT,
+        store=tmp_path,
+        policy=policy,
+        kv_layout=layout,
+    ) as loader:
+        result = decode(loader, prompt, max_new_tokens=60)
+    assert result.rungs == (64, 128)  # one boundary crossed
+    assert list(result.token_ids) == [int(t) for t in reference["generated_ids"][:60]]
+
+
+def test_a_kv_bound_as_shared_memory_is_read_in_place_each_step(qwen2_dir: Path) -> None:
+    """The binding ovspec uses (a numpy buffer wrapped with shared_memory, set once) is
+    the request's own input: NPUW reads a write into that buffer at the next infer with
+    no rebinding, so nothing copies it into the request per step. (On silicon NPUW
+    copies any input it did not allocate into its NPU subrequests: docs/npu.md.)"""
+    llm = load_llm(qwen2_dir)
+    model = llm.specialize(Specialization.decode(32), profile_for("NPU", NPUW).default_rewrites)
+    core = ov.Core()
+    npuw = profile_for("NPU", EXACT)
+    properties = npuw.required_properties(EXACT)
+    npuw.configure_core(core, properties)
+    compiled = core.compile_model(model, "NPU", properties)
+    inputs = {p.get_any_name(): p for p in compiled.inputs}
+    rng = np.random.default_rng(0)
+    feeds = {
+        name: (rng.standard_normal(list(port.get_shape())) * 0.5).astype(np.float32)
+        if port.get_element_type() == ov.Type.f32
+        else np.ones(list(port.get_shape()), dtype=port.get_element_type().to_dtype())
+        for name, port in inputs.items()
+    }
+    past = llm.roles.kv[0].past_input
+    bound = compiled.create_infer_request()
+    for name, array in feeds.items():
+        bound.set_tensor(name, ov.Tensor(array, shared_memory=True))
+    assert np.shares_memory(bound.get_tensor(past).data, feeds[past])
+    logits = llm.roles.logits
+    bound.infer()
+    before = bound.get_tensor(logits).data.copy()
+    feeds[past][...] = -feeds[past]  # in place: the request is not told
+    bound.infer()
+    after = bound.get_tensor(logits).data.copy()
+    fresh = compiled.create_infer_request()
+    expected = fresh.infer({n: a.copy() for n, a in feeds.items()})[logits]
+    assert not np.allclose(before, after)
+    np.testing.assert_array_equal(after, expected)

@@ -215,7 +215,7 @@ def test_a_refused_rewrite_leaves_the_graph_as_it_was(qwen2_dir: Path) -> None:
 def test_rewrite_sets_parse_and_name_themselves() -> None:
     every = RewriteSet.every()
     assert every.canonical == (
-        "last-position-logits+live-tokens-state+merged-presents+split-attention"
+        "last-position-logits+live-tokens-state+merged-presents+result-guard+split-attention"
     )
     assert RewriteSet.parse(every.canonical) == every
     portable = RewriteSet.parse("split-attention,last-position-logits")
@@ -223,3 +223,30 @@ def test_rewrite_sets_parse_and_name_themselves() -> None:
     assert RewriteSet.parse("none") == RewriteSet() and RewriteSet().canonical == "none"
     with pytest.raises(ModelError, match="unknown rewrite 'fold'"):
         RewriteSet.parse("split-attention+fold")
+
+
+def test_the_result_guard_gives_each_shared_result_its_own_identity(qwen2_dir: Path) -> None:
+    llm = load_llm(qwen2_dir)
+    guard = RewriteSet.parse("split-attention+result-guard")
+    plain = llm.specialize(Specialization.decode(32), SETS["split"])
+    model = llm.specialize(Specialization.decode(32), guard)
+    shared = [r for r in plain.get_results() if len(r.input_value(0).get_target_inputs()) > 1]
+    assert shared  # the presents also feed the attention that follows them
+    assert [sorted(r.output(0).get_names()) for r in model.get_results()] == [
+        sorted(r.output(0).get_names()) for r in plain.get_results()
+    ]
+    for result in model.get_results():
+        source = result.input_value(0)
+        assert len(source.get_target_inputs()) == 1
+    guards = [op for op in model.get_ops() if op.get_friendly_name().endswith("/result_guard")]
+    assert len(guards) == len(shared)
+    # Computes what the unguarded graph computes, on the CPU plugin.
+    core = ov.Core()
+    feeds = {
+        p.get_any_name(): np.ones(list(p.get_shape()), dtype=p.get_element_type().to_dtype())
+        for p in plain.inputs
+    }
+    a = core.compile_model(plain, "CPU", EXACT_CPU_PROPERTIES).create_infer_request().infer(feeds)
+    b = core.compile_model(model, "CPU", EXACT_CPU_PROPERTIES).create_infer_request().infer(feeds)
+    for out in plain.outputs:
+        np.testing.assert_array_equal(a[out.get_any_name()], b[out.get_any_name()])

@@ -31,7 +31,7 @@ class CpuProfile(DeviceProfile):
                 GraphRewrite.SPLIT_ATTENTION,
                 GraphRewrite.LAST_POSITION,
                 GraphRewrite.LIVE_STATE,
-                GraphRewrite.MERGED_PRESENTS,
+                GraphRewrite.MERGED_PRESENTS,  # the result guard is NPUW's alone
             }
         )
     )

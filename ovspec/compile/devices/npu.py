@@ -1,17 +1,19 @@
 """An Intel NPU through the NPU plugin and its compiler: blobs through the store, the
-portable rewrites, offline compiles for an absent device with a named platform, and no
-driver cache under a timed compile."""
+portable rewrites with NPUW's result guard, offline compiles for an absent device with a
+named platform, and no driver cache under a timed compile."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import openvino as ov
 
 from ovspec.compile.devices.facts import DeviceFacts, absent_device_message, read_identity
-from ovspec.compile.devices.profile import DeviceProfile, device_family
+from ovspec.compile.devices.profile import PORTABLE_REWRITES, DeviceProfile, device_family
 from ovspec.errors import DeviceError, arg
+from ovspec.ir.rewrites import GraphRewrite, RewriteSet
 
 # Offline compiles (no device) need the plugin compiler and a named platform.
 NPU_PLATFORM_PROPERTY = "NPU_PLATFORM"
@@ -22,6 +24,12 @@ NPU_BYPASS_UMD_CACHING = "NPU_BYPASS_UMD_CACHING"
 @dataclass(frozen=True)
 class NpuProfile(DeviceProfile):
     """The NPU plugin on NPU silicon, or compiling offline for a named platform."""
+
+    # NPUW (how LLMs run on the NPU plugin) miscomputes a Result whose tensor also feeds
+    # a later partition: each such Result gets its own identity.
+    default_rewrites: ClassVar[RewriteSet] = RewriteSet(
+        PORTABLE_REWRITES.rewrites | {GraphRewrite.RESULT_GUARD}
+    )
 
     @classmethod
     def claims(cls, family: str, properties: Mapping[str, str]) -> bool:

@@ -4,14 +4,15 @@ on a machine without an NPU (``--device NPU --config NPUW_DEVICES=CPU``).
 Claimed by its properties, not its name: an NPU device whose NPUW subdevices name no
 NPU. ovspec completes the properties with ``NPU_USE_NPUW=YES``; the identity names the
 plugin's NPUW mode and each subdevice's own identity, so its blobs never mix with a
-real NPU's or the CPU plugin's. Its defaults are the first that run here; which NPUW
-options to set, and what they cost, is still to be measured.
+real NPU's or the CPU plugin's. NPUW passes every other property its subdevices take
+on to them at compile, but not at import: the compiler's Core carries them there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import ClassVar
 
 import openvino as ov
@@ -26,7 +27,6 @@ from ovspec.compile.devices.facts import (
 from ovspec.compile.devices.npu import NpuProfile
 from ovspec.compile.devices.profile import device_family
 from ovspec.errors import DeviceError, arg
-from ovspec.ir.rewrites import GraphRewrite, RewriteSet
 
 NPUW_DEVICES = "NPUW_DEVICES"
 USE_NPUW = "NPU_USE_NPUW"
@@ -49,9 +49,12 @@ class NpuwProfile(NpuProfile):
     """The NPU plugin's NPUW on host subdevices; an NPU profile in every other way
     (blobs through the store)."""
 
-    # Split attention leaves NPUW's partitioned pipeline an f32 tensor where its CPU
-    # subgraph wants f16 (its infer request refuses it): the last-position head only.
-    default_rewrites: ClassVar[RewriteSet] = RewriteSet(frozenset({GraphRewrite.LAST_POSITION}))
+    # f32 on the subdevice (the CPU's default may be bf16) and f32 links between NPUW's
+    # partitions: within 1e-5 of the CPU plugin's logits (NPUW_ONLINE_PIPELINE=NONE,
+    # one partition, makes them equal).
+    exact_properties: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {"NPUW_F16IC": "NO", "INFERENCE_PRECISION_HINT": "f32"}
+    )
 
     @classmethod
     def claims(cls, family: str, properties: Mapping[str, str]) -> bool:
@@ -75,6 +78,21 @@ class NpuwProfile(NpuProfile):
     ) -> dict[str, str]:
         return dict(properties)  # no NPU driver, so no driver cache to bypass
 
+    def subdevice_properties(
+        self, core: ov.Core, subdevice: str, properties: Mapping[str, str]
+    ) -> dict[str, str]:
+        """The properties NPUW hands on to ``subdevice``: those it lists."""
+        listed = {str(p) for p in core.get_property(subdevice, "SUPPORTED_PROPERTIES")}
+        return {k: v for k, v in properties.items() if k in listed and not _npuw_option(k)}
+
+    def configure_core(self, core: ov.Core, properties: Mapping[str, str]) -> None:
+        """NPUW imports its subgraphs with the subdevice's Core-wide settings only (on a
+        CPU with bf16, an f32 blob would come back bf16): set them there."""
+        for subdevice in _subdevices(properties):
+            forwarded = self.subdevice_properties(core, subdevice, properties)
+            if forwarded:
+                core.set_property(subdevice, forwarded)
+
     def resolve(self, core: ov.Core, properties: Mapping[str, str]) -> DeviceFacts:
         """The subdevices must be here; the NPU device need not be."""
         properties = self.required_properties(properties)
@@ -82,7 +100,10 @@ class NpuwProfile(NpuProfile):
         for subdevice in subdevices:
             if not is_available(core, subdevice):
                 raise DeviceError(absent_device_message(core, subdevice, f" ({NPUW_DEVICES})"))
-        check_properties(core, self.device, properties, _npuw_option)
+        forwarded = {
+            name for d in subdevices for name in self.subdevice_properties(core, d, properties)
+        }
+        check_properties(core, self.device, properties, lambda k: _npuw_option(k) or k in forwarded)
         identity = {PLUGIN_MODE: f"NPUW on {','.join(subdevices)} subdevices"}
         for subdevice in subdevices:
             identity.update(

@@ -90,6 +90,10 @@ class DeviceProfile:
         are bypassed."""
         return dict(properties)
 
+    def configure_core(self, core: ov.Core, properties: Mapping[str, str]) -> None:
+        """Set on the Core that compiles and imports what the device does not take from
+        a compile or import config (nothing, for most devices)."""
+
     def key_properties(self, properties: Mapping[str, str]) -> str:
         """The compile properties that can change a blob on this device, canonicalized."""
         return canonical_key_properties(properties, self.blob_neutral_properties)
