@@ -71,13 +71,22 @@ class WorkerRequest:
             raise BadRequestError(f"malformed worker request: {exc}") from exc
 
 
-def _xxh3_file(path: Path) -> str:
+def blob_identity_hash(path: Path, volatile_tail: tuple[int, int] | None = None) -> str:
+    """The file's xxh3-128, with the bytes ``[size - start, size - end)`` of
+    ``volatile_tail = (start, end)`` read as zeros (a device's random bytes)."""
     import xxhash
 
+    size = path.stat().st_size
+    lo, hi = (size - volatile_tail[0], size - volatile_tail[1]) if volatile_tail else (size, size)
     h = xxhash.xxh3_128()
+    offset = 0
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK_BYTES):
+            a, b = max(lo - offset, 0), min(hi - offset, len(chunk))
+            if a < b:
+                chunk = chunk[:a] + bytes(b - a) + chunk[b:]
             h.update(chunk)
+            offset += len(chunk)
     return h.hexdigest()
 
 
@@ -99,7 +108,7 @@ def loaded_libraries(maps: Path = Path("/proc/self/maps")) -> dict[str, str]:
     out: dict[str, str] = {}
     for path in sorted(paths):
         try:
-            out[path] = _xxh3_file(Path(path))
+            out[path] = blob_identity_hash(Path(path))
         except OSError:
             out[path] = "unreadable"  # deleted or replaced while mapped: a difference
     return out
@@ -172,7 +181,8 @@ def run(request: WorkerRequest) -> dict[str, Any]:
     with blob.open("wb") as f:
         f.write(compiled.export_model().getbuffer())
     export_s = time.perf_counter() - began
-    blob_hash, blob_bytes = _xxh3_file(blob), blob.stat().st_size
+    blob_hash = blob_identity_hash(blob, profile.volatile_blob_tail)
+    blob_bytes = blob.stat().st_size
     if not request.keep_blob:
         blob.unlink()
 

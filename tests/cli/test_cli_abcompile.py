@@ -161,3 +161,32 @@ def test_property_ab_on_the_builtin_model_end_to_end(tmp_path: Path) -> None:
     other = run(*args, "--seed", "3")
     assert other.exit_code == 4
     assert "made by a different trial" in other.stderr
+
+
+def test_a_trial_on_the_npu_plugin_with_npuw_on_cpu_gates_on_identical_blobs(
+    tmp_path: Path,
+) -> None:
+    """Fresh processes on the NPU path: their exports differ in NPUW's random token only,
+    which the blob-identity gate reads as zeros, so neutral arms are identical."""
+    result = run(
+        "builtin:tiny",
+        "--device",
+        "NPU",
+        "--config",
+        "NPUW_DEVICES=CPU",
+        "--rungs",
+        "32",
+        "--pairs",
+        "2",
+        "--out",
+        str(tmp_path / "trial.jsonl"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["device"] == "NPU"
+    identity = report["arms"]["A"]["environment"]["device_identity"]
+    assert identity["NPU_PLUGIN_MODE"] == "NPUW on CPU subdevices"
+    assert [r["blob_identity"]["verdict"] for r in report["rungs"]] == ["identical"]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ import ovspec
 from ovspec.compile.devices import CpuProfile, NpuProfile, NpuwProfile, profile_for
 from ovspec.compile.devices.npuw import PLUGIN_MODE, USE_NPUW
 from ovspec.compile.modes import LoadMode
+from ovspec.compile.worker import blob_identity_hash
 from ovspec.errors import DeviceError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import GraphRewrite
@@ -169,3 +172,47 @@ def test_a_kv_bound_as_shared_memory_is_read_in_place_each_step(qwen2_dir: Path)
     expected = fresh.infer({n: a.copy() for n, a in feeds.items()})[logits]
     assert not np.allclose(before, after)
     np.testing.assert_array_equal(after, expected)
+
+
+def test_a_blob_identity_reads_the_volatile_tail_as_zeros(tmp_path: Path) -> None:
+    tail = NpuwProfile.volatile_blob_tail
+    assert tail == (40, 8)
+    body = np.random.default_rng(0).integers(0, 256, 3 * 4096, dtype=np.uint8).tobytes()
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    a.write_bytes(body)
+    b.write_bytes(body[:-40] + b"x" * 32 + body[-8:])  # only the token differs
+    c.write_bytes(body[:-41] + b"x" + body[-40:])  # one byte before it differs
+    assert blob_identity_hash(a, tail) == blob_identity_hash(b, tail)
+    assert blob_identity_hash(a, tail) != blob_identity_hash(c, tail)
+    assert blob_identity_hash(a) != blob_identity_hash(b)
+
+
+_EXPORT = """
+import sys, openvino as ov
+from pathlib import Path
+from ovspec.compile.devices import profile_for
+from ovspec.ir.specialize import Specialization, prepare, read_ir
+npuw = {"NPUW_DEVICES": "CPU"}
+properties = profile_for("NPU", npuw).required_properties(npuw)
+model = prepare(read_ir(Path(sys.argv[1]))).specialize(Specialization.decode(32))
+blob = ov.Core().compile_model(model, "NPU", properties).export_model()
+Path(sys.argv[2]).write_bytes(blob.getbuffer())
+"""
+
+
+def test_two_fresh_processes_export_the_same_blob_but_its_volatile_tail(
+    qwen2_dir: Path, tmp_path: Path
+) -> None:
+    blobs = [tmp_path / "first.blob", tmp_path / "second.blob"]
+    xml = next(qwen2_dir.glob("*.xml"))
+    for blob in blobs:
+        subprocess.run([sys.executable, "-c", _EXPORT, str(xml), str(blob)], check=True)
+    first, second = (b.read_bytes() for b in blobs)
+    start, end = NpuwProfile.volatile_blob_tail or (0, 0)
+    assert len(first) == len(second)
+    differ = np.flatnonzero(np.frombuffer(first, np.uint8) != np.frombuffer(second, np.uint8))
+    assert (
+        differ.size > 0 and differ.min() >= len(first) - start and differ.max() < len(first) - end
+    )
+    tail = NpuwProfile.volatile_blob_tail
+    assert blob_identity_hash(blobs[0], tail) == blob_identity_hash(blobs[1], tail)

@@ -56,6 +56,10 @@ class NpuwProfile(NpuProfile):
         {"NPUW_F16IC": "NO", "INFERENCE_PRECISION_HINT": "f32"}
     )
 
+    # A random 32-character token 40 bytes before the end of every NPUW export (measured
+    # across fresh processes; all else is byte-identical).
+    volatile_blob_tail: ClassVar[tuple[int, int] | None] = (40, 8)
+
     @classmethod
     def claims(cls, family: str, properties: Mapping[str, str]) -> bool:
         subdevices = _subdevices(properties)
