@@ -56,13 +56,16 @@ def test_the_cpu_profile_compiles_from_the_ir_with_every_rewrite_but_the_npuw_gu
     assert cpu.trial_properties({}, frozenset({NPU_BYPASS_UMD_CACHING})) == {}
 
 
-@pytest.mark.parametrize("device", ["NPU", "GPU"])
+@pytest.mark.parametrize(
+    ("device", "extra"), [("NPU", {GraphRewrite.RESULT_GUARD}), ("GPU", set())]
+)
 def test_other_devices_take_blobs_the_portable_rewrites_and_nothing_measured(
-    device: str,
+    device: str, extra: set[GraphRewrite]
 ) -> None:
+    """NPU adds the guard its NPUW partitioner needs (tests/compile/test_npuw.py)."""
     profile = profile_for(device)
     assert profile.default_load_mode is LoadMode.IMPORT
-    assert profile.default_rewrites == PORTABLE
+    assert profile.default_rewrites.rewrites == PORTABLE.rewrites | extra
     assert dict(profile.exact_properties) == {}
     assert not profile.halves_prompt_graph and not profile.trims_weight_pages
     assert profile.blob_neutral_properties == ALWAYS_NEUTRAL
