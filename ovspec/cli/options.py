@@ -125,13 +125,15 @@ def load_mode_option(func: F) -> F:
     """How a loader brings in a rung; ``None`` (auto) leaves the device's default."""
     return click.option(
         "--load-mode",
-        type=click.Choice(("auto", "compile", "import")),
+        type=click.Choice(("auto", "compile", "import", "paged")),
         default="auto",
         show_default=True,
         callback=lambda _ctx, _param, value: None if value == "auto" else value,
         help="How a rung loads. import: blobs through the store (and --remote); compile: "
-        "from the IR, the store unused. auto: the device's way (CPU compiles, since its "
-        "import unpacks f16 weights to f32; other devices import).",
+        "from the IR, the store unused. paged (CPU): one PagedAttention graph from the IR "
+        "for the prompt and every step, the KV in blocks, no rung graphs. auto: the "
+        "device's way (CPU compiles, since its import unpacks f16 weights to f32; other "
+        "devices import).",
     )(func)
 
 

@@ -22,11 +22,14 @@ class LoadMode(Enum):
     IMPORT builds the blob into the store (on a miss) and imports it: the NPU path, and
     a CPU option. COMPILE compiles the specialization from the prepared IR in memory and
     never touches the store: the CPU plugin's default, as an imported CPU graph loses
-    the plugin's LLM treatment (``devices/cpu.py``).
+    the plugin's LLM treatment (``devices/cpu.py``). PAGED compiles one PagedAttention
+    graph from the IR for the prompt and every step, with no rung graphs at all
+    (``runtime/paged.py``; a device whose profile runs that op).
     """
 
     IMPORT = "import"
     COMPILE = "compile"
+    PAGED = "paged"
 
 
 def blob_compile_properties(mode: BlobMode) -> dict[str, str]:

@@ -71,6 +71,20 @@ class WorkerRequest:
             raise BadRequestError(f"malformed worker request: {exc}") from exc
 
 
+def _export(
+    compiled: Any, blob: Path, volatile_tail: tuple[int, int] | None, keep: bool
+) -> tuple[float, str, int]:
+    """Export to ``blob``: the seconds it took, its identity hash and its bytes."""
+    began = time.perf_counter()
+    with blob.open("wb") as f:
+        f.write(compiled.export_model().getbuffer())
+    export_s = time.perf_counter() - began
+    identity, size = blob_identity_hash(blob, volatile_tail), blob.stat().st_size
+    if not keep:
+        blob.unlink()
+    return export_s, identity, size
+
+
 def blob_identity_hash(path: Path, volatile_tail: tuple[int, int] | None = None) -> str:
     """The file's xxh3-128, with the bytes ``[size - start, size - end)`` of
     ``volatile_tail = (start, end)`` read as zeros (a device's random bytes)."""
@@ -176,15 +190,9 @@ def run(request: WorkerRequest) -> dict[str, Any]:
     # Before the export, which holds the blob in memory once more.
     peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
-    blob = Path(request.blob_path)
-    began = time.perf_counter()
-    with blob.open("wb") as f:
-        f.write(compiled.export_model().getbuffer())
-    export_s = time.perf_counter() - began
-    blob_hash = blob_identity_hash(blob, profile.volatile_blob_tail)
-    blob_bytes = blob.stat().st_size
-    if not request.keep_blob:
-        blob.unlink()
+    export_s, blob_hash, blob_bytes = _export(
+        compiled, Path(request.blob_path), profile.volatile_blob_tail, request.keep_blob
+    )
 
     # After the timed compile: reading device facts compiles a one-op probe on CPU,
     # which would otherwise warm the plugin for the compile being timed.

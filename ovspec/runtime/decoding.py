@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,13 +37,14 @@ from ovspec.runtime.kv import (
     make_kv,
 )
 from ovspec.runtime.loader import Loader, LoaderEvent, Policy
-from ovspec.runtime.opening import open_loader
+from ovspec.runtime.opening import open_loader, rung_loader
 from ovspec.runtime.options import (
     DEFAULT_LADDER,
     DEFAULT_PREFILL_CHUNK_TOKENS,
     OpenOptions,
     Tuning,
 )
+from ovspec.runtime.paged import BlockKV, PagedLoader, PagedSequence
 from ovspec.runtime.session import BoundaryRecord, DecodeSession, StepRecord
 from ovspec.store.local import Store
 from ovspec.store.remote import Remote, RemoteConfig
@@ -55,6 +57,7 @@ __all__ = [
     "decode",
     "loader_properties",
     "open",
+    "open_rungs",
     "passed_rungs_released",
 ]
 
@@ -75,7 +78,7 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     rewrites: RewriteSet | str | None = None,
     *,
     tuning: Tuning | None = None,
-) -> Loader:
+) -> Loader | PagedLoader:
     """A lazy loader for ``model`` (a folder, a ``.gguf`` file or ``builtin:PRESET``)
     over ``ladder``: the options of ``OpenOptions``, each also as its text spelling.
 
@@ -181,8 +184,13 @@ class DecodeResult:
     kv_samples: tuple[KVSample, ...] = ()  # after the prefill and each step
 
 
+def open_rungs(model: str | Path, ladder: Ladder | str = DEFAULT_LADDER, **options: Any) -> Loader:
+    """``open`` for work that measures rung graphs: ``load_mode="paged"`` is refused."""
+    return rung_loader(open(model, ladder, **options), "this measures rung graphs:")
+
+
 def decode(
-    loader: Loader,
+    loader: Loader | PagedLoader,
     prompt_ids: Sequence[int],
     max_new_tokens: int = 0,
     forced_ids: Sequence[int] | None = None,
@@ -213,6 +221,11 @@ def decode(
     copy-and-grow commit its successor's copy target that many tokens before each
     boundary; ``measure_physical`` reads the KV's committed bytes after every step.
     """
+    feed = _Feed(forced_ids, max_new_tokens, stop_ids, choose, on_token, keep_logits)
+    if isinstance(loader, PagedLoader):
+        if kv_layout is not None:
+            raise BadRequestError(f"the paged graph keeps its KV in blocks: no {arg('kv_layout')}")
+        return _decode_paged(loader, prompt_ids, feed, measure_physical)
     ladder = loader.ladder
     roles = _checked_roles(loader, prompt_ids, max_new_tokens, forced_ids)
     origin = loader.origin_s
@@ -230,7 +243,6 @@ def decode(
     session = DecodeSession(
         roles, ladder, kv, loader, chunk, origin_s=origin, release_passed=release
     )
-    feed = _Feed(forced_ids, max_new_tokens, stop_ids, choose, on_token, keep_logits)
     try:
         run = feed.run(session, kv, trace, prompt_ids, origin)
     finally:
@@ -257,6 +269,54 @@ def decode(
     )
 
 
+def _decode_paged(
+    loader: PagedLoader, prompt_ids: Sequence[int], feed: _Feed, measure_physical: bool
+) -> DecodeResult:
+    """One sequence on the paged graph: no rung graphs, the KV grown in blocks."""
+    ladder = loader.ladder
+    _check_fits(ladder, prompt_ids, feed.forced_ids, feed.max_new_tokens)
+    check_prompt_ids(prompt_ids, loader.vocab_tokens, ladder.top_tokens, feed.forced_ids or ())
+    origin = loader.origin_s
+    first = ladder.rung_for(len(prompt_ids))
+    loader.start(first)
+    ready_s = time.perf_counter() - origin
+    sequence = loader.sequence(first)
+    trace = KVTrace(sequence.kv, origin, measure_physical)
+    try:
+        run = feed.run(sequence, sequence.kv, trace, prompt_ids, origin)
+    finally:
+        sequence.close()
+    return DecodeResult(
+        prompt_tokens=len(prompt_ids),
+        token_ids=run.token_ids,
+        rungs=(first, *(b.migration.to_capacity_tokens for b in sequence.boundaries)),
+        steps=tuple(sequence.steps),
+        boundaries=tuple(sequence.boundaries),
+        events=tuple(loader.events),
+        ready_s=ready_s,
+        first_token_s=run.first_token_s,
+        finished_s=run.finished_s,
+        reserved_kv=trace.reserved_pairs(),
+        logits=run.logits,
+        kv_layout="paged",
+        kv_samples=tuple(trace.samples),
+    )
+
+
+def _check_fits(
+    ladder: Ladder, prompt_ids: Sequence[int], forced_ids: Sequence[int] | None, max_new: int
+) -> None:
+    """Refuse a request whose KV would outgrow the top rung."""
+    # Greedy decoding never feeds its last token back; teacher forcing feeds them all.
+    fed = len(forced_ids) if forced_ids is not None else max(max_new - 1, 0)
+    if len(prompt_ids) + fed > ladder.top_tokens:
+        raise BadRequestError(
+            f"{len(prompt_ids)} prompt tokens and {fed} fed-back tokens need "
+            f"{len(prompt_ids) + fed} KV positions, over the top rung {ladder.top_tokens}; "
+            f"extend {arg('ladder')} or lower {arg('max_new_tokens')}"
+        )
+
+
 def _checked_roles(
     loader: Loader,
     prompt_ids: Sequence[int],
@@ -274,14 +334,7 @@ def _checked_roles(
     first_guess = Specialization.decode(ladder.rung_for(min(len(prompt_ids), ladder.top_tokens)))
     roles = loader.roles(first_guess)
     check_prompt_ids(prompt_ids, roles.vocab_tokens, ladder.top_tokens, forced_ids or ())
-    # Greedy decoding never feeds its last token back; teacher forcing feeds them all.
-    fed = len(forced_ids) if forced_ids is not None else max(max_new_tokens - 1, 0)
-    if len(prompt_ids) + fed > ladder.top_tokens:
-        raise BadRequestError(
-            f"{len(prompt_ids)} prompt tokens and {fed} fed-back tokens need "
-            f"{len(prompt_ids) + fed} KV positions, over the top rung {ladder.top_tokens}; "
-            f"extend {arg('ladder')} or lower {arg('max_new_tokens')}"
-        )
+    _check_fits(ladder, prompt_ids, forced_ids, max_new_tokens)
     return roles
 
 
@@ -309,8 +362,8 @@ class _Feed:
 
     def run(
         self,
-        session: DecodeSession,
-        kv: KVCache,
+        session: DecodeSession | PagedSequence,
+        kv: KVCache | BlockKV,
         trace: KVTrace,
         prompt_ids: Sequence[int],
         origin_s: float,

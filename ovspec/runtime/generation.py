@@ -16,6 +16,7 @@ from ovspec.errors import BadRequestError
 from ovspec.runtime.decoding import DecodeResult, decode
 from ovspec.runtime.kv import KVLayout
 from ovspec.runtime.loader import Loader
+from ovspec.runtime.paged import PagedLoader
 from ovspec.runtime.sampling import GenerationConfig, TokenChooser
 from ovspec.runtime.textcodec import TextCodec
 
@@ -42,7 +43,7 @@ class Generation:
 
 
 def generate(
-    loader: Loader,
+    loader: Loader | PagedLoader,
     prompt_ids: Sequence[int],
     config: GenerationConfig,
     codec: TextCodec | None = None,

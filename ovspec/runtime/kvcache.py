@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 import openvino as ov
@@ -234,10 +234,22 @@ class KVSample:
     physical_bytes: int | None  # measured; None when not asked for or not measurable
 
 
+class TracedKV(Protocol):
+    """What a trace reads of a KV: a layout here, or the paged path's blocks."""
+
+    live_tokens: int
+    measure_physical: bool
+
+    @property
+    def reserved_bytes(self) -> int: ...
+
+    def physical_bytes(self) -> int | None: ...
+
+
 class KVTrace:
     """Samples of one sequence's KV memory, taken after the prefill and each step."""
 
-    def __init__(self, kv: KVCache, origin_s: float, measure_physical: bool) -> None:
+    def __init__(self, kv: TracedKV, origin_s: float, measure_physical: bool) -> None:
         kv.measure_physical = measure_physical  # boundary peaks too
         self._kv = kv
         self._origin_s = origin_s

@@ -34,6 +34,7 @@ from ovspec.ir.specialize import Specialization
 from ovspec.runtime.kv import choose_layout
 from ovspec.runtime.loader import Loader, Policy
 from ovspec.runtime.options import OpenOptions, Tuning
+from ovspec.runtime.paged import PagedLoader
 from ovspec.runtime.residency import WeightPageTrimmer, WeightPrefault
 from ovspec.store.local import Store
 from ovspec.store.remote import Remote, RemoteConfig, open_remote
@@ -60,14 +61,19 @@ def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
     mode = options.load_mode
     cores = tuning.cores
     if cores is not None:
-        if mode is LoadMode.COMPILE:
+        if mode in (LoadMode.COMPILE, LoadMode.PAGED):
             raise BadRequestError(
                 f"{arg('split')} builds on the host and imports here: it needs "
-                f"{arg('load_mode', 'import')}, not compile"
+                f"{arg('load_mode', 'import')}, not {mode.value}"
             )
         mode = LoadMode.IMPORT
         properties = {THREADS_PROPERTY: str(len(cores.device)), **properties}
     mode = mode or profile.default_load_mode
+    if mode is LoadMode.PAGED and not profile.runs_paged_attention:
+        raise BadRequestError(
+            f"{arg('load_mode', 'paged')} needs a device that runs PagedAttention (the CPU "
+            f"plugin); {options.device} takes load_mode='import'"
+        )
     return Decisions(
         profile=profile,
         properties=properties,
@@ -81,10 +87,12 @@ def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
     )
 
 
-def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader:
+def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | PagedLoader:
     """A lazy loader for ``options`` (see ``ovspec.open``), owning what it opened."""
     tuning = tuning or Tuning()
     decided = decide(options, tuning)
+    if decided.load_mode is LoadMode.PAGED:
+        return _paged_loader(options, decided, tuning)
     cores = decided.cores
     with contextlib.ExitStack() as stack:
         store = _store(options, stack)
@@ -138,6 +146,38 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader:
             halve_prompt_graph=decided.halve_prompt_graph,
         )
         owned.push(stack.pop_all())  # the loader closes them from now on
+    return loader
+
+
+def rung_loader(loader: Loader | PagedLoader, what: str) -> Loader:
+    """``loader`` as a loader of rung graphs; a paged one is closed and refused for
+    ``what`` (work that measures rungs)."""
+    if isinstance(loader, PagedLoader):
+        loader.close()
+        raise BadRequestError(f"{what} {arg('load_mode', 'paged')} has no rungs")
+    return loader
+
+
+def _paged_loader(options: OpenOptions, decided: Decisions, tuning: Tuning) -> PagedLoader:
+    """The paged graph's loader: the store only resolves the model (no blobs); ``decide``
+    refused the split and the halves, which tune rung graphs."""
+    if options.kv_layout is not None:
+        raise BadRequestError(
+            f"{arg('load_mode', 'paged')} keeps its KV in blocks: leave {arg('kv_layout')} unset"
+        )
+    with contextlib.ExitStack() as stack:
+        store = _store(options, stack)
+        model_dir = resolve_model(str(options.model), store.models_folder)
+        options.ladder.check_fits(model_dir.max_position_embeddings)
+        loader = PagedLoader(
+            model_dir.xml_path,
+            options.ladder,
+            options.device,
+            decided.properties,
+            options.prefill_chunk_tokens,
+            origin_s=tuning.origin_s,
+            on_close=(stack.pop_all().close,),
+        )
     return loader
 
 
@@ -209,7 +249,8 @@ def _halves_prompt_graph(
 ) -> bool:
     if asked and (mode is not LoadMode.COMPILE or policy is Policy.EAGER):
         why = (
-            f"{arg('load_mode', 'import')} loads whole blobs; use load_mode='compile'"
+            f"{arg('load_mode', mode.value)} does not compile rung graphs from the IR; "
+            "use load_mode='compile'"
             if mode is not LoadMode.COMPILE
             else "an eager start compiles two graphs at once already; use a lazy policy"
         )

@@ -236,7 +236,7 @@ def _measured_costs(
     """Each rung made ready through the store and a short decode timed on it (an
     on-demand loader: nothing compiles behind the measurement)."""
     from ovspec.runtime.costs import measure
-    from ovspec.runtime.decoding import open as open_loader
+    from ovspec.runtime.decoding import open_rungs as open_loader
     from ovspec.runtime.loader import Policy
 
     with open_loader(

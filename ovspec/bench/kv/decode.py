@@ -136,7 +136,7 @@ def run_decode(config: DecodeConfig, say: Callable[[str], None] = print) -> Deco
     began = time.perf_counter()
     ladder, top = config.ladder, config.ladder.top_tokens
     with (
-        runtime.open(
+        runtime.open_rungs(
             config.model,
             ladder=ladder,
             properties=config.properties,
@@ -146,7 +146,7 @@ def run_decode(config: DecodeConfig, say: Callable[[str], None] = print) -> Deco
             policy="one_ahead",
             prefill_chunk_tokens=config.prefill_chunk_tokens,
         ) as loader,
-        runtime.open(
+        runtime.open_rungs(
             config.model,
             ladder=Ladder((top,)),
             properties=config.properties,

@@ -75,7 +75,7 @@ def run(request: RunRequest) -> dict[str, Any]:
     positions = set(request.logit_positions)
     with (
         Store(request.store_dir) as store,
-        runtime.open(
+        runtime.open_rungs(
             request.model_dir,
             ladder=setup.ladder(full_ladder),
             device=request.device,

@@ -50,6 +50,7 @@ class CpuProfile(DeviceProfile):
     # The defaults quantize the stateful model's KV (u8) and activations; pin both.
     exact_properties: ClassVar[Mapping[str, str]] = MappingProxyType(EXACT_CPU_PROPERTIES)
     halves_prompt_graph: ClassVar[bool] = True
+    runs_paged_attention: ClassVar[bool] = True
     trims_weight_pages: ClassVar[bool] = True
 
     @classmethod

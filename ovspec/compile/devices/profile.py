@@ -65,6 +65,8 @@ class DeviceProfile:
     # Keep the IR's mapped weights out of the resident set once graphs packed their own
     # copy (a device whose compiled graphs hold the weights in host memory).
     trims_weight_pages: ClassVar[bool] = False
+    # Runs OpenVINO's PagedAttention op (the paged load mode).
+    runs_paged_attention: ClassVar[bool] = False
     # Bytes of an export that differ between identical compiles, as (start, end) counted
     # back from the blob's end; a blob-identity check reads them as zeros.
     volatile_blob_tail: ClassVar[tuple[int, int] | None] = None

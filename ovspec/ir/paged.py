@@ -1,0 +1,88 @@
+"""The PagedAttention form of an LLM IR: OpenVINO's paged-attention transformation (what
+genai's default CPU backend compiles) and the LM head on each sequence's last token only.
+One dynamic graph serves a prompt chunk and a decode step; its KV is block arrays the
+caller owns and binds, one pair per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+from ovspec.errors import ModelError, openvino_message
+
+KEY_CACHE_PREFIX = "key_cache."
+VALUE_CACHE_PREFIX = "value_cache."
+# The paged graph's per-call inputs besides the tokens and their positions.
+INPUT_IDS = "input_ids"
+POSITION_IDS = "position_ids"
+PAST_LENS = "past_lens"
+SUBSEQUENCE_BEGINS = "subsequence_begins"
+BLOCK_INDICES = "block_indices"
+BLOCK_INDICES_BEGINS = "block_indices_begins"
+MAX_CONTEXT_LEN = "max_context_len"
+LOGITS = "logits"
+
+
+@dataclass(frozen=True)
+class PagedModel:
+    """The transformed graph, its cache inputs in layer order, and its vocabulary."""
+
+    model: ov.Model
+    cache_inputs: tuple[str, ...]
+    vocab_tokens: int | None
+
+
+def paged_model(xml_path: Path) -> PagedModel:
+    """Read the stateful IR at ``xml_path`` and turn it into the paged form; a model the
+    transformation cannot take is a ``ModelError`` naming why."""
+    from openvino._offline_transformations import paged_attention_transformation
+
+    try:
+        model = ov.Core().read_model(str(xml_path))
+    except RuntimeError as exc:
+        raise ModelError(
+            f"{xml_path} is not a readable OpenVINO IR: {openvino_message(exc)}"
+        ) from exc
+    if not model.get_variables():
+        raise ModelError(
+            f"{xml_path} is a stateless IR; the paged graph is made from the stateful one "
+            "(optimum-cli's or genai's export)"
+        )
+    try:
+        paged_attention_transformation(model)
+    except RuntimeError as exc:
+        raise ModelError(
+            f"the paged-attention transformation refused {xml_path}: {openvino_message(exc)}"
+        ) from exc
+    names = [p.get_any_name() for p in model.inputs]
+    caches = tuple(n for n in names if n.startswith((KEY_CACHE_PREFIX, VALUE_CACHE_PREFIX)))
+    if not caches or LOGITS not in {n for o in model.outputs for n in o.get_names()}:
+        raise ModelError(f"{xml_path}: no paged attention or no logits output after the transform")
+    last_token_head(model)
+    vocab = model.output(LOGITS).get_partial_shape()[-1]
+    return PagedModel(model, caches, vocab.get_length() if vocab.is_static else None)
+
+
+def last_token_head(model: ov.Model) -> None:
+    """Feed the LM head's MatMul only the last token's hidden state (a prompt chunk's
+    other rows would cost a vocabulary-wide product each and are never read)."""
+    node = model.output(LOGITS).get_node().input_value(0).get_node()
+    while node.get_type_name() != "MatMul":
+        if node.get_input_size() == 0:
+            raise ModelError("the logits output is not a MatMul's: no LM head to slice")
+        node = node.input_value(0).get_node()
+    hidden = node.input_value(0)
+    last = ops.slice(
+        hidden,
+        ops.constant(np.array([-1], np.int64)),
+        ops.constant(np.array([np.iinfo(np.int64).max], np.int64)),
+        ops.constant(np.array([1], np.int64)),
+        ops.constant(np.array([0], np.int64)),  # the token axis: tokens are flattened
+    )
+    node.input(0).replace_source_output(last.output(0))
+    model.validate_nodes_and_infer_types()

@@ -1,0 +1,286 @@
+"""The paged path (``load_mode="paged"``, CPU): one PagedAttention graph compiled from the
+IR serves the prompt, in chunks, and every decode step. Attention reads only the live
+blocks, so a step costs what its live length costs, not its rung's capacity. The KV is
+block arrays this module owns, reserved one rung at a time and grown at a boundary.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+
+from ovspec.compile.modes import LoadMode
+from ovspec.errors import CompileError, LadderError, openvino_message
+from ovspec.ir import paged as graph
+from ovspec.ladder import Ladder
+from ovspec.runtime import vmem
+from ovspec.runtime.kvcache import Migration
+from ovspec.runtime.loader import EventKind, LoaderEvent, Policy
+from ovspec.runtime.session import BoundaryRecord, StepRecord
+
+# The CPU plugin's PagedAttention block: tokens per block of every cache array.
+BLOCK_TOKENS = 32
+PAGED_LABEL = "paged"  # the graph's name in loader events
+
+
+class BlockKV:
+    """One sequence's KV as ``[blocks, ...]`` byte arrays, one per cache input, typed as
+    the compiled graph wants (bf16, u8 or u4 included), holding its rung's capacity;
+    growing to a larger rung copies the live blocks once."""
+
+    def __init__(self, layouts: dict[str, tuple[ov.Shape, ov.Type]], capacity_tokens: int) -> None:
+        self._layouts = layouts
+        self.capacity_tokens = capacity_tokens
+        self.live_tokens = 0
+        self.measure_physical = False
+        self._arrays = self._allocate(capacity_tokens)
+
+    def _allocate(self, capacity_tokens: int) -> dict[str, np.ndarray]:
+        blocks = math.ceil(capacity_tokens / BLOCK_TOKENS)
+        return {
+            name: np.zeros((blocks, math.prod(dims) * kind.bitwidth // 8), np.uint8)
+            for name, (dims, kind) in self._layouts.items()
+        }
+
+    def tensors(self) -> dict[str, ov.Tensor]:
+        return {
+            name: ov.Tensor(array, ov.Shape([len(array), *self._layouts[name][0]]), kind)
+            for name, array in self._arrays.items()
+            for kind in (self._layouts[name][1],)
+        }
+
+    def grow(self, capacity_tokens: int) -> Migration:
+        """Move to ``capacity_tokens``: new arrays, the live blocks copied, the old freed."""
+        if capacity_tokens <= self.capacity_tokens:
+            raise LadderError(f"cannot grow KV from {self.capacity_tokens} to {capacity_tokens}")
+        began = time.perf_counter()
+        old, old_bytes = self._arrays, self.reserved_bytes
+        new = self._allocate(capacity_tokens)
+        live_blocks = math.ceil(self.live_tokens / BLOCK_TOKENS)
+        copied = 0
+        for name, array in old.items():
+            new[name][:live_blocks] = array[:live_blocks]
+            copied += array[:live_blocks].nbytes
+        copy_s = time.perf_counter() - began
+        allocated = sum(a.nbytes for a in new.values())
+        self._arrays = new
+        del old
+        migration = Migration(
+            from_capacity_tokens=self.capacity_tokens,
+            to_capacity_tokens=capacity_tokens,
+            live_tokens=self.live_tokens,
+            copied_bytes=copied,
+            allocated_bytes=allocated,
+            seconds=time.perf_counter() - began,
+            peak_reserved_bytes=old_bytes + allocated,
+            copy_seconds=copy_s,
+        )
+        self.capacity_tokens = capacity_tokens
+        return migration
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(a.nbytes for a in self._arrays.values())
+
+    def spans(self) -> list[tuple[int, int]]:
+        return [(a.ctypes.data, a.nbytes) for a in self._arrays.values()]
+
+    def physical_bytes(self) -> int | None:
+        return vmem.resident_bytes(self.spans())
+
+    def close(self) -> None:
+        self._arrays = {}
+
+
+class PagedLoader:
+    """The paged graph of one model, compiled once on first use; what ``decode`` asks
+    of a loader (``ladder``, ``events``, ``origin_s``...), without rungs to load."""
+
+    load_mode = LoadMode.PAGED
+    policy = Policy.ON_DEMAND  # one graph: nothing to load ahead
+    kv_layout = None
+
+    def __init__(
+        self,
+        xml_path: Path,
+        ladder: Ladder,
+        device: str,
+        properties: dict[str, str],
+        prefill_chunk_tokens: int,
+        origin_s: float | None = None,
+        on_close: Sequence[Callable[[], None]] = (),
+    ) -> None:
+        self.ladder = ladder
+        self.device = device
+        self.properties = dict(properties)
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self._xml_path = xml_path
+        self._opened_s = time.perf_counter() if origin_s is None else origin_s
+        self._on_close = list(on_close)
+        self._events: list[LoaderEvent] = []
+        self._lock = threading.Lock()
+        self._compiled: ov.CompiledModel | None = None
+        self._vocab_tokens: int | None = None
+        self._closed = False
+
+    @property
+    def origin_s(self) -> float:
+        return self._opened_s
+
+    @property
+    def events(self) -> list[LoaderEvent]:
+        with self._lock:
+            return list(self._events)
+
+    @property
+    def vocab_tokens(self) -> int | None:
+        self.start()
+        return self._vocab_tokens
+
+    def start(self, first_capacity_tokens: int | None = None) -> None:
+        """Compile the paged graph if it is not yet (in the foreground: the prompt waits
+        for it); any rung's first token runs on it."""
+        with self._lock:
+            if self._closed:
+                raise LadderError("the loader is closed")
+            if self._compiled is not None:
+                return
+            began = time.perf_counter()
+            self._record(EventKind.LOAD_START, began, 0.0)
+            paged = graph.paged_model(self._xml_path)
+            try:
+                compiled = ov.Core().compile_model(paged.model, self.device, self.properties)
+            except RuntimeError as exc:
+                raise CompileError(
+                    f"{self.device} could not compile the paged graph: {openvino_message(exc)}"
+                ) from exc
+            done = time.perf_counter()
+            self._record(EventKind.COMPILED, done, done - began, "paged attention, from the IR")
+            self._record(EventKind.LOADED, done, 0.0)
+            self._compiled, self._vocab_tokens = compiled, paged.vocab_tokens
+
+    def sequence(self, first_capacity_tokens: int) -> PagedSequence:
+        self.start()
+        assert self._compiled is not None
+        return PagedSequence(
+            self._compiled,
+            self.ladder,
+            first_capacity_tokens,
+            self.prefill_chunk_tokens,
+            self._opened_s,
+        )
+
+    def _record(self, kind: EventKind, at: float, seconds: float, note: str = "") -> None:
+        self._events.append(
+            LoaderEvent(kind, PAGED_LABEL, at - self._opened_s, True, seconds, note)
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._compiled = None
+        for hook in reversed(self._on_close):
+            hook()
+
+    def __enter__(self) -> PagedLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PagedSequence:
+    """One sequence on the paged graph: its request, its block KV, what each call cost."""
+
+    def __init__(
+        self,
+        compiled: ov.CompiledModel,
+        ladder: Ladder,
+        capacity_tokens: int,
+        chunk_tokens: int,
+        origin_s: float,
+    ) -> None:
+        self.ladder = ladder
+        self.chunk_tokens = chunk_tokens
+        self.request = compiled.create_infer_request()
+        layouts = {}
+        for port in compiled.inputs:
+            name = port.get_any_name()
+            if name.startswith((graph.KEY_CACHE_PREFIX, graph.VALUE_CACHE_PREFIX)):
+                dims = ov.Shape([d.get_length() for d in list(port.get_partial_shape())[1:]])
+                layouts[name] = (dims, port.get_element_type())
+        self.kv = BlockKV(layouts, capacity_tokens)
+        self._bind_kv()
+        self._origin_s = origin_s
+        self.steps: list[StepRecord] = []
+        self.boundaries: list[BoundaryRecord] = []
+
+    def _bind_kv(self) -> None:
+        for name, tensor in self.kv.tensors().items():
+            self.request.set_tensor(name, tensor)
+
+    def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """The prompt in chunks; the last token's logits."""
+        logits = np.empty(0, np.float32)
+        for start in range(0, len(prompt_ids), self.chunk_tokens):
+            logits = self._run(prompt_ids[start : start + self.chunk_tokens], prefill=True)
+        return logits
+
+    def step(self, token_id: int) -> np.ndarray:
+        return self._run([token_id], prefill=False)
+
+    def _run(self, token_ids: Sequence[int], prefill: bool) -> np.ndarray:
+        live, n = self.kv.live_tokens, len(token_ids)
+        total = live + n
+        if total > self.kv.capacity_tokens:
+            self._grow(self.ladder.rung_for(total))
+        blocks = math.ceil(total / BLOCK_TOKENS)
+        r = self.request
+        r.set_tensor(graph.INPUT_IDS, ov.Tensor(np.asarray(token_ids, np.int64)))
+        r.set_tensor(graph.POSITION_IDS, ov.Tensor(np.arange(live, total, dtype=np.int64)))
+        r.set_tensor(graph.PAST_LENS, ov.Tensor(np.array([live], np.int32)))
+        r.set_tensor(graph.SUBSEQUENCE_BEGINS, ov.Tensor(np.array([0, n], np.int32)))
+        r.set_tensor(graph.BLOCK_INDICES, ov.Tensor(np.arange(blocks, dtype=np.int32)))
+        r.set_tensor(graph.BLOCK_INDICES_BEGINS, ov.Tensor(np.array([0, blocks], np.int32)))
+        r.set_tensor(graph.MAX_CONTEXT_LEN, ov.Tensor(np.array(total, np.int32)))
+        began = time.perf_counter()
+        r.infer()  # the PagedAttention op writes the new tokens' K/V into the blocks
+        self.steps.append(
+            StepRecord(
+                live,
+                self.kv.capacity_tokens,
+                n,
+                prefill,
+                began - self._origin_s,
+                time.perf_counter() - began,
+            )
+        )
+        self.kv.live_tokens = total
+        out = r.get_tensor(graph.LOGITS).data
+        return np.array(out.reshape(-1, out.shape[-1])[-1], copy=True)
+
+    def _grow(self, capacity_tokens: int) -> None:
+        began = time.perf_counter()
+        migration = self.kv.grow(capacity_tokens)
+        bound = time.perf_counter()
+        self._bind_kv()
+        self.boundaries.append(
+            BoundaryRecord(
+                at_live_tokens=self.kv.live_tokens,
+                began_s=began - self._origin_s,
+                migration=migration,
+                program_wait_s=0.0,
+                bind_s=time.perf_counter() - bound,
+            )
+        )
+
+    def close(self) -> None:
+        self.kv.close()

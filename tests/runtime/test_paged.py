@@ -1,0 +1,167 @@
+"""The paged path (``load_mode="paged"``): one PagedAttention graph from the IR for the
+prompt and every step, the KV in block arrays grown rung by rung; exact against the
+fixtures' stateful references, typed as the compiled graph wants, refused where it
+cannot run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+from click.testing import CliRunner
+
+import ovspec
+import ovspec.cli.commands
+from ovspec.cli import cli
+from ovspec.compile.modes import LoadMode
+from ovspec.compile.split import usable_cores
+from ovspec.errors import BadRequestError, ModelError
+from ovspec.ir.paged import KEY_CACHE_PREFIX, paged_model
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.runtime.decoding import decode, open_rungs
+from ovspec.runtime.loader import EventKind
+from ovspec.runtime.paged import BLOCK_TOKENS, PagedLoader
+
+
+def test_greedy_tokens_and_logits_are_the_stateful_references(
+    fixture_dir: Path, tmp_path: Path
+) -> None:
+    reference = np.load(fixture_dir / "reference.npz")
+    prompt = [int(t) for t in reference["prompt_ids"]]
+    with ovspec.open(
+        fixture_dir,
+        ladder="32,64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=tmp_path,
+        load_mode="paged",
+        prefill_chunk_tokens=5,  # a 16-token prompt in four chunks
+    ) as loader:
+        assert isinstance(loader, PagedLoader) and loader.load_mode is LoadMode.PAGED
+        result = decode(loader, prompt, max_new_tokens=64, keep_logits=lambda _s, _l: True)
+    assert list(result.token_ids) == [int(t) for t in reference["generated_ids"]]
+    worst = max(
+        float(np.max(np.abs(result.logits[s] - reference["step_logits"][s]))) for s in range(64)
+    )
+    assert worst < 1e-4
+    prefill_calls = [s for s in result.steps if s.prefill]
+    assert [s.new_tokens for s in prefill_calls] == [5, 5, 5, 1]
+    # One graph, compiled once; the KV grew at each boundary by copying its live blocks.
+    assert [e.kind for e in result.events].count(EventKind.COMPILED) == 1
+    assert result.rungs == (32, 64, 128) and result.kv_layout == "paged"
+    for boundary in result.boundaries:
+        migration = boundary.migration
+        live_blocks = math.ceil(migration.live_tokens / BLOCK_TOKENS)
+        total_blocks = math.ceil(migration.from_capacity_tokens / BLOCK_TOKENS)
+        old_bytes = migration.peak_reserved_bytes - migration.allocated_bytes
+        assert migration.copied_bytes == old_bytes * live_blocks // total_blocks
+    reserved = dict(result.reserved_kv)
+    per_block = reserved[prompt_len := len(prompt)] // math.ceil(32 / BLOCK_TOKENS)
+    assert reserved[prompt_len] == per_block * (32 // BLOCK_TOKENS)
+    assert result.reserved_kv[-1][1] == per_block * (128 // BLOCK_TOKENS)
+
+
+def test_the_kv_arrays_take_the_type_the_compiled_graph_chose(
+    qwen2_dir: Path, tmp_path: Path
+) -> None:
+    """Under the device's own defaults (bf16, u8 or f32 by the machine) the blocks are
+    typed as the plugin compiled them, whatever numpy can spell."""
+    with ovspec.open(qwen2_dir, ladder="32,64", store=tmp_path, load_mode="paged") as loader:
+        assert isinstance(loader, PagedLoader)
+        result = decode(loader, [1, 2, 3, 4], max_new_tokens=40)
+        sequence = loader.sequence(32)
+        try:
+            compiled = {
+                p.get_any_name(): p.get_element_type() for p in sequence.request.model_inputs
+            }
+            bound = sequence.kv.tensors()
+            assert bound and all(name.startswith(("key_cache.", "value_cache.")) for name in bound)
+            assert {n: t.element_type for n, t in bound.items()} == {n: compiled[n] for n in bound}
+        finally:
+            sequence.close()
+    assert len(result.token_ids) == 40 and result.rungs == (32, 64)
+
+
+def test_a_stateless_ir_is_one_clear_error(tmp_path: Path) -> None:
+    parameter = ov.opset13.parameter([1, 4], ov.Type.f32, name="x")
+    model = ov.Model([ov.opset13.relu(parameter)], [parameter], "stateless")
+    ov.save_model(model, tmp_path / "m.xml")
+    with pytest.raises(ModelError, match="stateless IR"):
+        paged_model(tmp_path / "m.xml")
+
+
+def test_the_paged_graph_has_one_cache_pair_per_layer(qwen2_dir: Path) -> None:
+    paged = paged_model(qwen2_dir / "openvino_model.xml")
+    keys = [n for n in paged.cache_inputs if n.startswith(KEY_CACHE_PREFIX)]
+    config = json.loads((qwen2_dir / "config.json").read_text())
+    assert len(keys) * 2 == len(paged.cache_inputs) == 2 * config["num_hidden_layers"]
+    assert paged.vocab_tokens == config["vocab_size"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"device": "NPU", "properties": {"NPUW_DEVICES": "CPU"}}, "runs PagedAttention"),
+        ({"kv_layout": "remap"}, "keeps its KV in blocks"),
+        ({"tuning": ovspec.Tuning(halve_prompt_graph=True)}, "does not compile rung graphs"),
+    ],
+)
+def test_what_the_paged_path_cannot_take_is_refused_before_a_compile(
+    qwen2_dir: Path, tmp_path: Path, options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(BadRequestError, match=message):
+        ovspec.open(qwen2_dir, ladder="32,64", store=tmp_path, load_mode="paged", **options)
+
+
+def test_the_split_is_refused_with_it(qwen2_dir: Path, tmp_path: Path) -> None:
+    """On one core the split itself is refused first; on more, its need for imports."""
+    one_core = len(usable_cores()) < 2
+    message = "needs at least 2 usable cores" if one_core else "needs load_mode=import, not paged"
+    with pytest.raises(BadRequestError, match=message):
+        tuning = ovspec.Tuning(split=True)
+        ovspec.open(qwen2_dir, "32,64", store=tmp_path, load_mode="paged", tuning=tuning)
+
+
+def test_work_that_measures_rungs_refuses_it(qwen2_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(BadRequestError, match="has no rungs"):
+        open_rungs(qwen2_dir, "32,64", store=tmp_path, load_mode="paged")
+
+
+def test_a_request_over_the_top_rung_is_refused(qwen2_dir: Path, tmp_path: Path) -> None:
+    with (
+        ovspec.open(qwen2_dir, ladder="32", store=tmp_path, load_mode="paged") as loader,
+        pytest.raises(BadRequestError, match="over the top rung 32"),
+    ):
+        decode(loader, list(range(1, 20)), max_new_tokens=20)
+
+
+def test_generate_runs_it_from_the_cli_with_the_compiled_paths_tokens(tmp_path: Path) -> None:
+    def generate(*extra: str) -> dict[str, object]:
+        result = CliRunner().invoke(
+            cli,
+            [
+                "generate",
+                "builtin:tiny",
+                "--ids",
+                "1,2,3,4,5,6,7,8",
+                "--ladder",
+                "32,64",
+                "--max-new-tokens",
+                "40",
+                "--cache-dir",
+                str(tmp_path),
+                "--json",
+                *(f"--config={k}={v}" for k, v in EXACT_CPU_PROPERTIES.items()),
+                *extra,
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        document: dict[str, object] = json.loads(result.stdout)
+        return document
+
+    paged, compiled = generate("--load-mode", "paged"), generate("--load-mode", "compile")
+    assert paged["load_mode"] == "paged" and paged["rungs"] == [32, 64]
+    assert paged["token_ids"] == compiled["token_ids"]
