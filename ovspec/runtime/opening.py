@@ -69,11 +69,14 @@ def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
         mode = LoadMode.IMPORT
         properties = {THREADS_PROPERTY: str(len(cores.device)), **properties}
     mode = mode or profile.default_load_mode
-    if mode is LoadMode.PAGED and not profile.runs_paged_attention:
-        raise BadRequestError(
-            f"{arg('load_mode', 'paged')} needs a device that runs PagedAttention (the CPU "
-            f"plugin); {options.device} takes load_mode='import'"
-        )
+    if mode is LoadMode.PAGED:
+        if not profile.runs_paged_attention:
+            raise BadRequestError(
+                f"{arg('load_mode', 'paged')} needs a device that runs PagedAttention (the CPU "
+                f"plugin); {options.device} takes load_mode='import'"
+            )
+        # One graph, compiled before the prompt: no second thread compiles beside decode.
+        properties = profile.required_properties(options.properties)
     return Decisions(
         profile=profile,
         properties=properties,

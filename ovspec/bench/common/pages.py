@@ -24,6 +24,7 @@ from ovspec.errors import BadRequestError
 RENDERERS: dict[str, str] = {
     "bench": "ovspec.bench.protocols.page:render",
     "kv": "ovspec.bench.kv.page:render",
+    "long-context": "ovspec.bench.long.page:render",
     "overlap": "ovspec.bench.overlap.analysis:render",
     "remote": "ovspec.bench.remote.page:render",
     "speed": "ovspec.bench.speed.page:render_page",

@@ -2,9 +2,10 @@
 ``python -m ovspec.bench.speed.arm REQUEST.json SPAWN_TIME``.
 
 Owns the arms (openvino-genai's ``LLMPipeline``; ovspec's loader in a given policy and
-load mode) and what a run records: the time of every generated token since the
-parent spawned this process, the token ids, the high-water RSS (VmHWM) and the peak
-PSS and private (RssAnon) memory (``MemorySampler``). Prints one ``RESULT {json}`` line.
+load mode; llama.cpp on a GGUF, under its own interpreter) and what a run records: the
+time of every generated token since the parent spawned this process, the token ids,
+the high-water RSS (VmHWM) and the peak PSS and private (RssAnon) memory
+(``MemorySampler``). Prints one ``RESULT {json}`` line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ RESULT_PREFIX = "RESULT "
 
 @dataclass(frozen=True)
 class ArmRequest:
-    arm: str  # "genai" or "ovspec"
+    arm: str  # "genai", "ovspec" or "llamacpp"
     model_dir: str
     prompt_ids: tuple[int, ...]
     new_tokens: int
@@ -159,6 +160,32 @@ def _ovspec(request: ArmRequest, on_token: Any) -> dict[str, Any]:
     }
 
 
+def _llamacpp(request: ArmRequest, on_token: Any) -> dict[str, Any]:
+    """llama.cpp on the GGUF (``model_dir`` is its path): greedy, every core of this
+    process (the binding's default is half of them), the prompt in batches of 512."""
+    import os
+
+    from llama_cpp import Llama  # type: ignore[import-not-found]
+
+    threads = len(os.sched_getaffinity(0))
+    llm = Llama(
+        model_path=request.model_dir,
+        n_ctx=len(request.prompt_ids) + request.new_tokens,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    greedy = llm.generate(
+        list(request.prompt_ids), top_k=1, temp=0.0, repeat_penalty=1.0, reset=True
+    )
+    for made, token in enumerate(greedy, start=1):
+        on_token(int(token))
+        if made == request.new_tokens:
+            break
+    return {"threads": threads}
+
+
 def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
     sampler = MemorySampler()
     sampler.start()
@@ -173,6 +200,8 @@ def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
         extra = _genai(request, on_token)
     elif request.arm == "ovspec":
         extra = _ovspec(request, on_token)
+    elif request.arm == "llamacpp":
+        extra = _llamacpp(request, on_token)
     else:
         raise SystemExit(f"unknown arm {request.arm!r}")
     done_s = time.time() - spawn_s

@@ -48,6 +48,8 @@ class Arm:
     def description(self) -> str:
         if self.runner == "genai":
             return "openvino-genai LLMPipeline (dynamic, stateful), no cache"
+        if self.runner == "llamacpp":
+            return "llama-cpp-python on the GGUF, greedy, its own defaults"
         mode = self.load_mode or "device default (CPU: compile from the IR)"
         store = {"fresh": "cold store", "kept": "warm store"}.get(self.store, "")
         return f"ovspec {self.policy.replace('_', '-')}, load {mode}, {store}"
@@ -64,6 +66,10 @@ ARMS: dict[str, Arm] = {
         # Every rung compiled before the prompt: its bands are the rungs' own decode,
         # with no successor compiling on the same cores (one-ahead's bands have one).
         Arm("ovspec-eager", "ovspec", store="kept", policy="eager"),
+        # One PagedAttention graph from the IR, the KV in blocks (CPU).
+        Arm("ovspec-paged", "ovspec", store="kept", policy="on_demand", load_mode="paged"),
+        # llama.cpp on the GGUF itself (its own interpreter: a benchmark-only build).
+        Arm("llama.cpp", "llamacpp"),
     )
 }
 DEFAULT_ARMS = ("genai", "ovspec-cold", "ovspec-warm", "ovspec-import-warm", "ovspec-eager")
@@ -90,12 +96,19 @@ class SpeedConfig:
     arms: tuple[str, ...] = DEFAULT_ARMS
     prefill_chunk_tokens: int = 128
     seed: int = 0
+    # The prompt's ids (a real text through the model's tokenizer); empty: prompt_tokens
+    # random ids drawn with ``seed``.
+    prompt_ids: tuple[int, ...] = ()
     # A checkout of ovspec (a git worktree of the base commit, say) whose ovspec arms run
     # beside this one's in every repetition, labelled ARM@base: a change against its
     # base and genai, interleaved in one run.
     against: Path | None = None
+    # The interpreter with llama-cpp-python installed (the llama.cpp arm runs under it).
+    llamacpp_python: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.prompt_ids:
+            object.__setattr__(self, "prompt_tokens", len(self.prompt_ids))
         if self.prompt_tokens < 1 or self.new_tokens < 2:
             raise BadRequestError("--prompt-tokens must be >= 1 and --new-tokens >= 2")
         if self.prompt_tokens + self.new_tokens > self.ladder.top_tokens:
@@ -110,6 +123,10 @@ class SpeedConfig:
             raise BadRequestError(
                 f"--arms takes genai plus any of {', '.join(ARMS)} (got {', '.join(self.arms)})"
             )
+        if "llama.cpp" in self.arms and not (
+            self.model.endswith(".gguf") and self.llamacpp_python is not None
+        ):
+            raise BadRequestError("the llama.cpp arm needs a .gguf model and llamacpp_python")
         if self.against is not None and not (self.against / "ovspec" / "__init__.py").is_file():
             raise BadRequestError(
                 f"--against {self.against}: not a checkout of ovspec (no ovspec/__init__.py)"
@@ -157,7 +174,9 @@ def arm_module(home: Path) -> str:
     return "ovspec.bench.speed_arm"
 
 
-def _spawn(request: ArmRequest, folder: Path, tree: Path | None = None) -> dict[str, Any]:
+def _spawn(
+    request: ArmRequest, folder: Path, tree: Path | None = None, python: Path | None = None
+) -> dict[str, Any]:
     path = folder / "request.json"
     path.write_text(json.dumps(request.to_json()), encoding="utf-8")
     # ``-m`` puts the working folder first on sys.path: run in ``tree`` (default: the
@@ -166,7 +185,7 @@ def _spawn(request: ArmRequest, folder: Path, tree: Path | None = None) -> dict[
     home = (tree or Path(__file__).resolve().parents[3]).resolve()
     spawn = time.time()
     out = subprocess.run(
-        [sys.executable, "-m", arm_module(home), str(path), repr(spawn)],
+        [str(python or sys.executable), "-m", arm_module(home), str(path), repr(spawn)],
         capture_output=True,
         text=True,
         cwd=home,
@@ -200,16 +219,20 @@ def run_speed(
     work_dir = config.work_dir.resolve()
     model_dir = materialize(config.model, work_dir)
     rng = np.random.default_rng(config.seed)
-    prompt = tuple(int(t) for t in rng.integers(100, 2000, config.prompt_tokens))
+    prompt = config.prompt_ids or tuple(
+        int(t) for t in rng.integers(100, 2000, config.prompt_tokens)
+    )
     planned = config.runs()
     kept = {r.label: work_dir / f"store-{r.label}" for r in planned if r.arm.store == "kept"}
     by_label = {r.label: r for r in planned}
 
     def request(arm: Arm, store: Path | None) -> ArmRequest:
-        props = dict(properties) if arm.runner == "genai" else loader_properties("CPU", properties)
+        own = arm.runner == "genai" or arm.load_mode == "paged"  # no loader thread
+        props = dict(properties) if own else loader_properties("CPU", properties)
+        gguf = arm.runner == "llamacpp"  # llama.cpp reads the GGUF itself
         return ArmRequest(
             arm=arm.runner,
-            model_dir=str(model_dir),
+            model_dir=str(Path(config.model).resolve() if gguf else model_dir),
             prompt_ids=prompt,
             new_tokens=config.new_tokens,
             properties=props,
@@ -236,7 +259,8 @@ def run_speed(
                 fresh = folder / f"fresh-{rep}-{label}"
                 store: Path | None = kept.get(label) or (fresh if arm.store == "fresh" else None)
                 say(f"repetition {rep + 1}/{config.repetitions}: {label}")
-                result = _spawn(request(arm, store), folder, tree)
+                python = config.llamacpp_python if arm.runner == "llamacpp" else None
+                result = _spawn(request(arm, store), folder, tree, python)
                 shutil.rmtree(fresh, ignore_errors=True)
                 runs.append({"arm": label, "repetition": rep, **result})
     env = environment(load_start)
@@ -261,17 +285,16 @@ def run_speed(
         "environment": _plain(env),
         "wall_s": time.perf_counter() - began,
         "summary": summarize(runs, config.prompt_tokens, config.bands()),
-        # Per run: token times kept (the bands are recomputable), ids only as a head and
-        # a count (the summary holds the comparison with genai's).
+        # Per run: token times and ids kept (the bands and the token comparison are
+        # recomputable from them).
         "runs": [_slim(run) for run in runs],
     }
 
 
 def _slim(run: Mapping[str, Any]) -> dict[str, Any]:
-    ids = list(run["token_ids"])
-    out = {k: v for k, v in run.items() if k != "token_ids"}
-    out["token_ids_head"] = ids[:8]
-    out["tokens"] = len(ids)
+    """A run as saved: every token id kept (a page compares the full lists)."""
+    out = dict(run)
+    out["tokens"] = len(run["token_ids"])
     return out
 
 

@@ -6,7 +6,7 @@ token, and an arm's ratios to genai paired by repetition. Pure (numpy and scipy 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,6 +67,22 @@ def paired_band_ratios(
                 pairs.append((a, b))
         out[f"{lo}-{hi}"] = _log_ratio_summary(pairs)
     return out
+
+
+def paired_ratio(
+    runs: Sequence[Mapping[str, Any]], arm: str, metric: Callable[[Mapping[str, Any]], float]
+) -> dict[str, Any] | None:
+    """``metric`` of ``arm``'s runs over genai's, paired by repetition: the geometric
+    mean ratio with its paired-t 95% interval (None with fewer than 2 pairs)."""
+    by_rep: dict[int, dict[str, Mapping[str, Any]]] = {}
+    for r in runs:
+        by_rep.setdefault(int(r.get("repetition", 0)), {})[r["arm"]] = r
+    pairs = [
+        (metric(reps["genai"]), metric(reps[arm]))
+        for _, reps in sorted(by_rep.items())
+        if "genai" in reps and arm in reps
+    ]
+    return _log_ratio_summary(pairs)
 
 
 def _log_ratio_summary(pairs: Sequence[tuple[float, float]]) -> dict[str, Any] | None:

