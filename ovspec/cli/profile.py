@@ -1,4 +1,5 @@
-"""``ovspec profile``: where one decode step of a rung goes, next to the dynamic model."""
+"""``ovspec profile``: where one decode step of a rung goes, next to genai's two CPU
+backends on the same IR (the stateful model, and the PagedAttention graph, its default)."""
 
 from __future__ import annotations
 
@@ -87,9 +88,10 @@ def profile(
     cache_dir: Path | None,
     as_json: bool,
 ) -> None:
-    """Per-op-type time of one decode step of MODEL's rung next to the dynamic stateful
-    model at the same live length (OpenVINO PERF_COUNT), and the measured floors: the
-    stateful step and a weights-only read of the .bin."""
+    """Per-op-type time of one decode step of MODEL's rung next to genai's two CPU
+    backends at the same live length, the stateful model (SDPA) and the PagedAttention
+    graph (its default), from OpenVINO's PERF_COUNT, and the floors: both peers' steps
+    and a weights-only read of the .bin."""
     from ovspec.bench.profile.rung import profile_rung
     from ovspec.compile.devices import profile_for
     from ovspec.ir.rewrites import RewriteSet
@@ -120,25 +122,19 @@ def profile(
         f"tokens on {report.device}, rewrites {report.rewrites}; medians of {report.steps} "
         f"steps, {orders}"
     )
-    peer = "stateful" if stateful is not None else "(no stateful IR)"
-    click.echo(f"{'op type':<28} {'rung ms':>10} {peer + ' ms':>14}")
-    types = list(report.rung.by_type_ms)[:TOP_TYPES]
-    if stateful is not None:
-        types += [t for t in list(stateful.by_type_ms)[:TOP_TYPES] if t not in types]
+    # genai's default CPU backend is PagedAttention: where it runs, it is the peer.
+    columns = [("rung", report.rung), ("stateful", stateful), ("paged", report.paged)]
+    shown = [(label, step) for label, step in columns if step is not None]
+    click.echo(f"{'op type':<28}" + "".join(f"{label + ' ms':>14}" for label, _ in shown))
+    types: list[str] = []
+    for _, step in shown:
+        types += [t for t in list(step.by_type_ms)[:TOP_TYPES] if t not in types]
     for name in types:
-        mine = report.rung.by_type_ms.get(name)
-        theirs = stateful.by_type_ms.get(name) if stateful is not None else None
-        click.echo(f"{name:<28} {_ms(mine):>10} {_ms(theirs):>14}")
-    click.echo(
-        f"{'sum of op types':<28} {_ms(report.rung.summed_ms):>10} "
-        f"{_ms(stateful.summed_ms if stateful else None):>14}"
-    )
-    click.echo(
-        f"{'step (wall)':<28} {_ms(report.rung.step_ms):>10} "
-        f"{_ms(stateful.step_ms if stateful else None):>14}"
-    )
-    for label, step in (("rung", report.rung), ("stateful", stateful)):
-        if step is not None and step.summed_ms > 1.5 * step.step_ms:
+        click.echo(f"{name:<28}" + "".join(f"{_ms(s.by_type_ms.get(name)):>14}" for _, s in shown))
+    click.echo(f"{'sum of op types':<28}" + "".join(f"{_ms(s.summed_ms):>14}" for _, s in shown))
+    click.echo(f"{'step (wall)':<28}" + "".join(f"{_ms(s.step_ms):>14}" for _, s in shown))
+    for label, step in shown:
+        if step.summed_ms > 1.5 * step.step_ms:
             times = step.summed_ms / step.step_ms
             click.echo(
                 f"note: the {label} graph's op-type times add up to {times:.1f}x its step "
@@ -148,7 +144,13 @@ def profile(
         ratios = ", ".join(f"{name} {r:.3f}" for name, r in report.order_ratios.items())
         click.echo(f"rung / stateful step by compile order: {ratios}")
     click.echo(
-        f"floor: stateful step {_ms(stateful.step_ms if stateful else None)} ms; weights-only "
+        "peers: stateful = genai's LLMPipeline with ATTENTION_BACKEND=SDPA; paged = its "
+        "default backend (PA), the graph `--load-mode paged` runs"
+        + ("" if report.paged is not None else " (not run: the device has no PagedAttention)")
+    )
+    click.echo(
+        f"floor: paged step {_ms(report.paged.step_ms if report.paged else None)} ms, "
+        f"stateful step {_ms(stateful.step_ms if stateful else None)} ms; weights-only "
         f"read {report.weights_read_ms:.1f} ms ({report.weights_bytes / 2**20:.0f} MiB, every "
         f"thread); live KV {report.kv_bytes / 2**20:.1f} MiB"
     )

@@ -242,15 +242,8 @@ class PagedSequence:
         total = live + n
         if total > self.kv.capacity_tokens:
             self._grow(self.ladder.rung_for(total))
-        blocks = math.ceil(total / BLOCK_TOKENS)
+        self.feed(token_ids)
         r = self.request
-        r.set_tensor(graph.INPUT_IDS, ov.Tensor(np.asarray(token_ids, np.int64)))
-        r.set_tensor(graph.POSITION_IDS, ov.Tensor(np.arange(live, total, dtype=np.int64)))
-        r.set_tensor(graph.PAST_LENS, ov.Tensor(np.array([live], np.int32)))
-        r.set_tensor(graph.SUBSEQUENCE_BEGINS, ov.Tensor(np.array([0, n], np.int32)))
-        r.set_tensor(graph.BLOCK_INDICES, ov.Tensor(np.arange(blocks, dtype=np.int32)))
-        r.set_tensor(graph.BLOCK_INDICES_BEGINS, ov.Tensor(np.array([0, blocks], np.int32)))
-        r.set_tensor(graph.MAX_CONTEXT_LEN, ov.Tensor(np.array(total, np.int32)))
         began = time.perf_counter()
         r.infer()  # the PagedAttention op writes the new tokens' K/V into the blocks
         self.steps.append(
@@ -266,6 +259,21 @@ class PagedSequence:
         self.kv.live_tokens = total
         out = r.get_tensor(graph.LOGITS).data
         return np.array(out.reshape(-1, out.shape[-1])[-1], copy=True)
+
+    def feed(self, token_ids: Sequence[int]) -> None:
+        """Bind the inputs of a call that appends ``token_ids`` after the live tokens
+        (the KV must already hold room for them)."""
+        live, n = self.kv.live_tokens, len(token_ids)
+        total = live + n
+        blocks = math.ceil(total / BLOCK_TOKENS)
+        r = self.request
+        r.set_tensor(graph.INPUT_IDS, ov.Tensor(np.asarray(token_ids, np.int64)))
+        r.set_tensor(graph.POSITION_IDS, ov.Tensor(np.arange(live, total, dtype=np.int64)))
+        r.set_tensor(graph.PAST_LENS, ov.Tensor(np.array([live], np.int32)))
+        r.set_tensor(graph.SUBSEQUENCE_BEGINS, ov.Tensor(np.array([0, n], np.int32)))
+        r.set_tensor(graph.BLOCK_INDICES, ov.Tensor(np.arange(blocks, dtype=np.int32)))
+        r.set_tensor(graph.BLOCK_INDICES_BEGINS, ov.Tensor(np.array([0, blocks], np.int32)))
+        r.set_tensor(graph.MAX_CONTEXT_LEN, ov.Tensor(np.array(total, np.int32)))
 
     def _grow(self, capacity_tokens: int) -> None:
         began = time.perf_counter()

@@ -39,6 +39,9 @@ def test_profile_names_the_op_types_of_both_graphs(qwen2_dir: Path) -> None:
     assert "FullyConnected" in report.rung.by_type_ms
     assert report.stateful is not None
     assert "ScaledDotProductAttentionWithKVCache" in report.stateful.by_type_ms  # genai's fused op
+    # genai's default CPU backend, PagedAttention, is profiled beside it.
+    assert report.paged is not None and report.paged.step_ms > 0
+    assert any("PagedAttention" in t for t in report.paged.by_type_ms)
     assert report.weights_bytes == qwen2_dir.joinpath("openvino_model.bin").stat().st_size
     assert report.rung.step_ms > 0 and report.weights_read_ms > 0
     assert report.kv_bytes == 31 * 2 * 2 * 2 * 16 * 4  # live tokens x layers x K,V x heads x dims
@@ -49,13 +52,14 @@ def test_profile_names_the_op_types_of_both_graphs(qwen2_dir: Path) -> None:
 
 @pytest.fixture
 def compiled(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """What each ``compile_model`` call compiled, in order: "rung" (a static graph) or
-    "stateful" (the dynamic IR)."""
+    """What each ``compile_model`` call compiled, in order: "rung" (a static graph),
+    "stateful" (the dynamic IR) or "paged" (its PagedAttention form)."""
     kinds: list[str] = []
     compile_model = ov.Core.compile_model
 
     def recording(self: ov.Core, model: ov.Model, *args: Any, **kwargs: Any) -> Any:
-        kinds.append("stateful" if model.is_dynamic() else "rung")
+        paged = any(p.get_any_name().startswith("key_cache.") for p in model.inputs)
+        kinds.append("paged" if paged else "stateful" if model.is_dynamic() else "rung")
         return compile_model(self, model, *args, **kwargs)
 
     monkeypatch.setattr(ov.Core, "compile_model", recording)
@@ -64,7 +68,7 @@ def compiled(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_both_orders_compile_each_graph_first_once(qwen2_dir: Path, compiled: list[str]) -> None:
     profile_rung(ModelDir.open(qwen2_dir), 32, steps=1, properties=EXACT_CPU_PROPERTIES)
-    assert compiled == ["rung", "stateful", "stateful", "rung"]
+    assert compiled == ["rung", "stateful", "paged", "stateful", "paged", "rung"]
 
 
 def test_a_stateless_ir_compiles_its_rung_once(
@@ -76,7 +80,7 @@ def test_a_stateless_ir_compiles_its_rung_once(
     to_stateless(model)
     ov.save_model(model, folder / "openvino_model.xml", compress_to_fp16=False)
     report = profile_rung(ModelDir.open(folder), 32, steps=1, properties=EXACT_CPU_PROPERTIES)
-    assert report.stateful is None and report.order_ratios == {}
+    assert report.stateful is None and report.paged is None and report.order_ratios == {}
     assert compiled == ["rung"]  # no peer to order against: one pass
 
 
@@ -120,8 +124,10 @@ def test_profile_command(qwen2_dir: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["capacity_tokens"] == 32 and doc["floor"]["stateful_step_ms"] > 0
+    assert doc["floor"]["paged_step_ms"] > 0 and doc["paged"]["step_ms"] > 0
     text = CliRunner().invoke(cli, args)
     assert text.exit_code == 0 and "FullyConnected" in text.stdout and "floor:" in text.stdout
+    assert "paged ms" in text.stdout and "ATTENTION_BACKEND=SDPA" in text.stdout
     assert "both compile orders" in text.stdout and "rung-first" in text.stdout
     one = CliRunner().invoke(cli, [*args, "--compile-order", "rung-first", "--json"])
     assert one.exit_code == 0 and list(json.loads(one.stdout)["order_ratios"]) == ["rung-first"]

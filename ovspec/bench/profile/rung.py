@@ -60,7 +60,9 @@ class RungProfile:
     steps: int
     rewrites: str
     rung: StepProfile
-    stateful: StepProfile | None  # None when the IR is stateless (no dynamic peer)
+    # genai's two CPU backends on the same IR: the stateful model (ATTENTION_BACKEND
+    # "SDPA") and the PagedAttention graph (its default, "PA"); None where they cannot run
+    stateful: StepProfile | None  # a stateless IR has no dynamic peer
     weights_bytes: int
     weights_read_ms: float  # every thread summing the .bin's bytes, already in memory
     kv_bytes: int  # the rung's live KV at this length
@@ -68,6 +70,7 @@ class RungProfile:
     # rung step / stateful step with each graph compiled first ("rung-first",
     # "stateful-first"): the steps above combine the orders profiled (geometric mean)
     order_ratios: dict[str, float] = field(default_factory=dict)
+    paged: StepProfile | None = None  # the stateful IR on a device without PagedAttention
 
     def __post_init__(self) -> None:
         if not 0 <= self.live_tokens < self.capacity_tokens:
@@ -91,9 +94,11 @@ class RungProfile:
             "graph": self.graph,
             "rung": step(self.rung),
             "stateful": step(self.stateful),
+            "paged": step(self.paged),
             "order_ratios": self.order_ratios,
             "floor": {
                 "stateful_step_ms": None if self.stateful is None else self.stateful.step_ms,
+                "paged_step_ms": None if self.paged is None else self.paged.step_ms,
                 "weights_read_ms": self.weights_read_ms,
                 "weights_bytes": self.weights_bytes,
                 "kv_bytes": self.kv_bytes,
@@ -206,6 +211,37 @@ def _rung_step(
             state.state = held
 
     return Stepper(request, before, tuple(pasts)), kv_bytes
+
+
+class PagedPeer:
+    """The IR in the PagedAttention form genai's default CPU backend compiles (ovspec's
+    ``load_mode="paged"``), compiled once: decode steps at any live length."""
+
+    def __init__(
+        self, model_dir: ModelDir, device: str, properties: Mapping[str, str], core: ov.Core
+    ) -> None:
+        from ovspec.ir.paged import paged_model
+
+        self._compiled = core.compile_model(
+            paged_model(model_dir.xml_path).model, device, dict(properties)
+        )
+
+    def stepper(self, live_tokens: int, capacity_tokens: int) -> Stepper:
+        """A decode step from ``live_tokens`` (its prompt run first), repeatable."""
+        from ovspec.ladder import Ladder
+        from ovspec.runtime.paged import PagedSequence
+
+        sequence = PagedSequence(
+            self._compiled, Ladder((capacity_tokens,)), capacity_tokens, 256, time.perf_counter()
+        )
+        if live_tokens:
+            sequence.prefill([1 + (i * 7) % 97 for i in range(live_tokens)])
+
+        def again() -> None:  # the step rewrites the same slot each time
+            sequence.kv.live_tokens = live_tokens
+            sequence.feed([5])
+
+        return Stepper(sequence.request, again, (sequence,))
 
 
 class StatefulPeer:
@@ -329,31 +365,42 @@ def profile_rung(
     decode = Specialization.decode(capacity_tokens)
     spec = serving_spec(decode, one_graph, capacity_tokens if prompt_rung else None)
 
-    def pair(rung_first: bool) -> tuple[StepProfile, StepProfile | None, int]:
-        def rung() -> tuple[Stepper, int]:
-            return _rung_step(core, model_dir, spec, live, device, props, rewrite_set)
+    paged_runs = profile_for(device, properties or {}).runs_paged_attention
 
+    def peers() -> list[Stepper]:
+        stateful = StatefulPeer(model_dir, device, props, core).stepper(live)
+        if stateful is None:
+            return []
+        if not paged_runs:
+            return [stateful]
+        return [stateful, PagedPeer(model_dir, device, props, core).stepper(live, capacity_tokens)]
+
+    def pair(rung_first: bool) -> tuple[StepProfile, list[StepProfile], int]:
         if rung_first:
-            rung_stepper, kv_bytes = rung()
-            peer = StatefulPeer(model_dir, device, props, core).stepper(live)
+            rung_stepper, kv_bytes = _rung_step(
+                core, model_dir, spec, live, device, props, rewrite_set
+            )
+            others = peers()
         else:
-            peer = StatefulPeer(model_dir, device, props, core).stepper(live)
-            rung_stepper, kv_bytes = rung()
-        profiles = interleaved([rung_stepper] if peer is None else [rung_stepper, peer], steps)
-        return profiles[0], (profiles[1] if peer is not None else None), kv_bytes
+            others = peers()
+            rung_stepper, kv_bytes = _rung_step(
+                core, model_dir, spec, live, device, props, rewrite_set
+            )
+        profiles = interleaved([rung_stepper, *others], steps)
+        return profiles[0], profiles[1:], kv_bytes
 
     orders = {"rung-first": True, "stateful-first": False}
-    runs: dict[str, tuple[StepProfile, StepProfile | None, int]] = {}
+    runs: dict[str, tuple[StepProfile, list[StepProfile], int]] = {}
     for name, rung_first in orders.items():
         if compile_order in ("both", name):
             runs[name] = pair(rung_first)
-            gc.collect()  # both graphs are gone before the next order compiles its own
-            if runs[name][1] is None:
+            gc.collect()  # every graph is gone before the next order compiles its own
+            if not runs[name][1]:
                 break  # a stateless IR: no peer to compile first
     rung = combined([r for r, _, _ in runs.values()])
-    peers = [p for _, p, _ in runs.values() if p is not None]
-    stateful = combined(peers) if peers else None
-    ratios = {name: r.step_ms / p.step_ms for name, (r, p, _) in runs.items() if p is not None}
+    by_peer = [[p[i] for _, p, _ in runs.values() if len(p) > i] for i in range(2)]
+    stateful, paged = (combined(found) if found else None for found in by_peer)
+    ratios = {name: r.step_ms / p[0].step_ms for name, (r, p, _) in runs.items() if p}
     kv_bytes = next(iter(runs.values()))[2]
     size, read_ms = weights_read_ms(model_dir.bin_path)
     return RungProfile(
@@ -370,4 +417,5 @@ def profile_rung(
         kv_bytes=kv_bytes,
         graph=spec.label,
         order_ratios=ratios,
+        paged=paged,
     )
