@@ -132,8 +132,8 @@ def load_mode_option(func: F) -> F:
         help="How a rung loads. import: blobs through the store (and --remote); compile: "
         "from the IR, the store unused. paged (CPU): one PagedAttention graph from the IR "
         "for the prompt and every step, the KV in blocks, no rung graphs. auto: the "
-        "device's way (CPU compiles, since its import unpacks f16 weights to f32; other "
-        "devices import).",
+        "device's way (CPU: paged, or compile where rung graphs are asked for, since its "
+        "import unpacks f16 weights to f32; other devices import).",
     )(func)
 
 

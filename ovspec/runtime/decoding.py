@@ -82,9 +82,11 @@ def open(  # shadows the builtin inside this module only: the public name is ovs
     """A lazy loader for ``model`` (a folder, a ``.gguf`` file or ``builtin:PRESET``)
     over ``ladder``: the options of ``OpenOptions``, each also as its text spelling.
 
-    ``load_mode`` defaults to the device profile's (``compile`` on CPU: graphs compiled
-    from the IR, the prompt's rung on one graph for both phases, later rungs on static
-    decode graphs; ``import`` elsewhere: blobs through the store); ``rewrites`` to the
+    ``load_mode`` defaults to the device profile's: on CPU ``paged`` (one PagedAttention
+    graph from the IR, the KV in blocks grown rung by rung), or ``compile`` when the
+    options ask for rung graphs (a KV layout, compression, rewrites: graphs compiled from
+    the IR, the prompt's rung on one graph for both phases, later rungs on static decode
+    graphs); ``import`` elsewhere (blobs through the store). ``rewrites`` defaults to the
     profile's rewrite set. Close the loader (or use it as a context manager): it owns
     its worker thread, and the store too when it opened one. ``kv_layout`` becomes
     ``decode``'s default; a remap ladder the layout cannot map is refused here, before
@@ -185,7 +187,11 @@ class DecodeResult:
 
 
 def open_rungs(model: str | Path, ladder: Ladder | str = DEFAULT_LADDER, **options: Any) -> Loader:
-    """``open`` for work that measures rung graphs: ``load_mode="paged"`` is refused."""
+    """``open`` for work that measures rung graphs: the device's rung load mode unless
+    one is given; ``load_mode="paged"`` is refused."""
+    if options.get("load_mode") is None:
+        device, props = options.get("device", "CPU"), options.get("properties") or {}
+        options["load_mode"] = profile_for(device, props).rung_load_mode
     return rung_loader(open(model, ladder, **options), "this measures rung graphs:")
 
 
@@ -274,8 +280,8 @@ def _decode_paged(
 ) -> DecodeResult:
     """One sequence on the paged graph: no rung graphs, the KV grown in blocks."""
     ladder = loader.ladder
-    _check_fits(ladder, prompt_ids, feed.forced_ids, feed.max_new_tokens)
     check_prompt_ids(prompt_ids, loader.vocab_tokens, ladder.top_tokens, feed.forced_ids or ())
+    _check_fits(ladder, prompt_ids, feed.forced_ids, feed.max_new_tokens)
     origin = loader.origin_s
     first = ladder.rung_for(len(prompt_ids))
     loader.start(first)

@@ -15,6 +15,8 @@ import os
 import threading
 from dataclasses import dataclass
 
+import openvino as ov
+
 from ovspec.compile.compiler import Compiler
 from ovspec.compile.devices import DeviceProfile, profile_for
 from ovspec.compile.modes import LoadMode
@@ -68,7 +70,12 @@ def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
             )
         mode = LoadMode.IMPORT
         properties = {THREADS_PROPERTY: str(len(cores.device)), **properties}
-    mode = mode or profile.default_load_mode
+    if mode is None:
+        mode = (
+            profile.rung_load_mode
+            if _asks_for_rungs(options, tuning)
+            else profile.default_load_mode
+        )
     if mode is LoadMode.PAGED:
         if not profile.runs_paged_attention:
             raise BadRequestError(
@@ -87,6 +94,20 @@ def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
         halve_prompt_graph=_halves_prompt_graph(
             tuning.halve_prompt_graph, profile, mode, options.policy
         ),
+    )
+
+
+def _asks_for_rungs(options: OpenOptions, tuning: Tuning) -> bool:
+    """Whether ``options`` name something only rung graphs have: a KV layout, weight
+    compression, graph rewrites, the prompt graph's halves, trimmed weight pages or a
+    window plan."""
+    return (
+        options.kv_layout is not None
+        or options.compression is not None
+        or options.rewrites is not None
+        or bool(tuning.halve_prompt_graph)
+        or bool(tuning.trim_weight_pages)
+        or tuning.window_plan is not None
     )
 
 
@@ -168,6 +189,13 @@ def _paged_loader(options: OpenOptions, decided: Decisions, tuning: Tuning) -> P
         raise BadRequestError(
             f"{arg('load_mode', 'paged')} keeps its KV in blocks: leave {arg('kv_layout')} unset"
         )
+    if options.compression is not None or options.rewrites is not None:
+        raise BadRequestError(
+            f"{arg('load_mode', 'paged')} compiles the IR's own weights and graph: weight "
+            f"compression and rewrites shape rung graphs ({arg('load_mode', 'compile')})"
+        )
+    # The device and the properties, refused here as a rung compile would refuse them.
+    decided.profile.resolve(ov.Core(), decided.properties)
     with contextlib.ExitStack() as stack:
         store = _store(options, stack)
         model_dir = resolve_model(str(options.model), store.models_folder)

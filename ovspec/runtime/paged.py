@@ -126,6 +126,7 @@ class PagedLoader:
         self._events: list[LoaderEvent] = []
         self._lock = threading.Lock()
         self._compiled: ov.CompiledModel | None = None
+        self._paged: graph.PagedModel | None = None  # until compiled
         self._vocab_tokens: int | None = None
         self._closed = False
 
@@ -140,8 +141,13 @@ class PagedLoader:
 
     @property
     def vocab_tokens(self) -> int | None:
-        self.start()
-        return self._vocab_tokens
+        """The vocabulary, from the transformed IR (a request is checked against it
+        before anything compiles)."""
+        with self._lock:
+            if self._compiled is None and self._paged is None:
+                self._paged = graph.paged_model(self._xml_path)
+                self._vocab_tokens = self._paged.vocab_tokens
+            return self._vocab_tokens
 
     def start(self, first_capacity_tokens: int | None = None) -> None:
         """Compile the paged graph if it is not yet (in the foreground: the prompt waits
@@ -153,7 +159,7 @@ class PagedLoader:
                 return
             began = time.perf_counter()
             self._record(EventKind.LOAD_START, began, 0.0)
-            paged = graph.paged_model(self._xml_path)
+            paged = self._paged or graph.paged_model(self._xml_path)
             try:
                 compiled = ov.Core().compile_model(paged.model, self.device, self.properties)
             except RuntimeError as exc:
@@ -164,6 +170,7 @@ class PagedLoader:
             self._record(EventKind.COMPILED, done, done - began, "paged attention, from the IR")
             self._record(EventKind.LOADED, done, 0.0)
             self._compiled, self._vocab_tokens = compiled, paged.vocab_tokens
+            self._paged = None  # the compiled graph holds what it needs
 
     def sequence(self, first_capacity_tokens: int) -> PagedSequence:
         self.start()

@@ -189,6 +189,8 @@ def test_json_fields_are_consistent(tiny_cache: Path, policy: str) -> None:
         "--ignore-eos",
         "--policy",
         policy,
+        "--load-mode",
+        "compile",  # a policy schedules rung graphs; the paged default has one graph
         "--cache-dir",
         str(tiny_cache),
     )
@@ -226,7 +228,7 @@ def test_json_fields_are_consistent(tiny_cache: Path, policy: str) -> None:
 def test_ids_stream_to_stdout_and_layouts_agree(tiny_cache: Path) -> None:
     args = ["generate", "builtin:tiny", "--ids", "9,8,7", "--ladder", LADDER]
     args += ["--max-new-tokens", "40", "--ignore-eos", "--cache-dir", str(tiny_cache)]
-    streamed = run(*args)
+    streamed = run(*args, "--kv-layout", "copy-and-grow")
     assert streamed.exit_code == 0, streamed.output
     tokens = [int(t) for t in streamed.stdout.split()]
     assert len(tokens) == 40 and streamed.stdout.endswith("\n")
@@ -251,9 +253,12 @@ def test_the_remap_layout_from_the_command_line(tiny_cache: Path) -> None:
         boundaries = document["boundaries"]
         assert isinstance(boundaries, list) and len(boundaries) == 1
         assert (boundaries[0]["copied_bytes"] > 0) == copies
-    auto = run("generate", *args)  # the default on an aligned ladder
+    auto = run("generate", *args, "--load-mode", "compile")  # rungs' default, aligned
     assert auto.exit_code == 0 and "KV remap" in auto.stderr
-    fallback = run("generate", *args[:3], "--ladder", "32,64", "--max-new-tokens", "40", *args[7:])
+    fallback = run(
+        "generate", *args[:3], "--ladder", "32,64", "--max-new-tokens", "40", *args[7:],
+        "--load-mode", "compile",
+    )  # fmt: skip
     assert fallback.exit_code == 0
     assert "KV copy-and-grow (rung 32 not page-aligned" in fallback.stderr
 

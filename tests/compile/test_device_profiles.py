@@ -41,7 +41,8 @@ def test_each_device_gets_its_familys_profile_or_the_fallback(
 
 def test_the_cpu_profile_compiles_from_the_ir_with_every_rewrite_but_the_npuw_guard() -> None:
     cpu = profile_for("CPU")
-    assert cpu.default_load_mode is LoadMode.COMPILE
+    assert cpu.default_load_mode is LoadMode.PAGED and cpu.runs_paged_attention
+    assert cpu.rung_load_mode is LoadMode.COMPILE  # where rung graphs are asked for
     assert cpu.default_rewrites.rewrites == RewriteSet.every().rewrites - {
         GraphRewrite.RESULT_GUARD
     }

@@ -20,14 +20,13 @@ from ovspec.runtime.kv import KVLayout
 from ovspec.runtime.loader import EventKind, Loader, Policy
 from ovspec.store.local import Store
 
-# CPU's default compiles from the IR; the store path (NPU's, a CPU option) with every
-# policy too: its CPU graphs carry the live-tokens state through export and import.
-CASES = [(policy, "") for policy in Policy] + [(Policy.ONE_AHEAD, "import")]
+# Rung graphs compiled from the IR with every policy; the store path (NPU's, a CPU
+# option) too: its CPU graphs carry the live-tokens state through export and import.
+# (CPU's default, the paged graph, is tests/runtime/test_paged.py's.)
+CASES = [(policy, "compile") for policy in Policy] + [(Policy.ONE_AHEAD, "import")]
 
 
-@pytest.mark.parametrize(
-    ("policy", "load_mode"), CASES, ids=[f"{p.value}{m and '-' + m}" for p, m in CASES]
-)
+@pytest.mark.parametrize(("policy", "load_mode"), CASES, ids=[f"{p.value}-{m}" for p, m in CASES])
 def test_greedy_equals_the_stateful_model(
     fixture_dir: Path, store: Store, policy: Policy, load_mode: str
 ) -> None:
@@ -43,12 +42,12 @@ def test_greedy_equals_the_stateful_model(
         store=store,
         policy=policy,
         prefill_chunk_tokens=8,
-        load_mode=load_mode or None,
+        load_mode=load_mode,
     ) as loader:
         result = decode(loader, prompt, max_new_tokens=100)
     assert list(result.token_ids) == expected
     hits_or_builds = {EventKind.STORE_HIT, EventKind.COMPILED} & {e.kind for e in result.events}
-    assert (store.stats().entries > 0) == bool(load_mode) and hits_or_builds
+    assert (store.stats().entries > 0) == (load_mode == "import") and hits_or_builds
     assert result.rungs == (32, 64, 128)
     assert [b.at_live_tokens for b in result.boundaries] == [32, 64]
     background = [e for e in result.events if e.kind is EventKind.LOAD_START and not e.foreground]
@@ -69,6 +68,7 @@ def test_builtin_model_shared_max_layout(tiny_dir: Path, store: Store) -> None:
         store=store,
         policy="eager",
         prefill_chunk_tokens=16,
+        load_mode="compile",
     ) as loader:
         result = decode(loader, prompt, max_new_tokens=60, kv_layout=KVLayout.SHARED_MAX)
     assert list(result.token_ids) == expected
@@ -201,8 +201,9 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
 
 
 def _cpu_ladder(model_dir: Path, store: Store, **options: Any) -> Loader:
-    """A CPU loader over 32,64,128 with 8-token prefill chunks: the defaults, unless
-    ``options`` (``ovspec.open``'s keywords) say otherwise."""
+    """A CPU loader of rung graphs over 32,64,128 with 8-token prefill chunks, compiled
+    from the IR unless ``options`` (``ovspec.open``'s keywords) say otherwise."""
+    options.setdefault("load_mode", "compile")
     return ovspec.open(
         model_dir,
         ladder="32,64,128",

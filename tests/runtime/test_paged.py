@@ -107,6 +107,9 @@ def test_the_paged_graph_has_one_cache_pair_per_layer(qwen2_dir: Path) -> None:
         ({"device": "NPU", "properties": {"NPUW_DEVICES": "CPU"}}, "runs PagedAttention"),
         ({"kv_layout": "remap"}, "keeps its KV in blocks"),
         ({"tuning": ovspec.Tuning(halve_prompt_graph=True)}, "does not compile rung graphs"),
+        ({"compression": "int8"}, "compiles the IR's own weights"),
+        ({"rewrites": "none"}, "compiles the IR's own weights"),
+        ({"properties": {"NUM_STREAM": "2"}}, "did you mean NUM_STREAMS"),
     ],
 )
 def test_what_the_paged_path_cannot_take_is_refused_before_a_compile(
@@ -128,6 +131,26 @@ def test_the_split_is_refused_with_it(qwen2_dir: Path, tmp_path: Path) -> None:
 def test_work_that_measures_rungs_refuses_it(qwen2_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(BadRequestError, match="has no rungs"):
         open_rungs(qwen2_dir, "32,64", store=tmp_path, load_mode="paged")
+    with open_rungs(qwen2_dir, "32,64", store=tmp_path) as loader:  # unasked: rung graphs
+        assert loader.load_mode is LoadMode.COMPILE
+
+
+@pytest.mark.parametrize(
+    ("options", "mode"),
+    [
+        ({}, LoadMode.PAGED),  # CPU's default
+        ({"kv_layout": "copy-and-grow"}, LoadMode.COMPILE),  # what only rung graphs have
+        ({"compression": "int8"}, LoadMode.COMPILE),
+        ({"rewrites": "none"}, LoadMode.COMPILE),
+        ({"tuning": ovspec.Tuning(trim_weight_pages=True)}, LoadMode.COMPILE),
+        ({"device": "NPU", "properties": {"NPUW_DEVICES": "CPU"}}, LoadMode.IMPORT),
+    ],
+)
+def test_the_default_is_paged_on_cpu_unless_rung_graphs_are_asked_for(
+    qwen2_dir: Path, tmp_path: Path, options: dict[str, object], mode: LoadMode
+) -> None:
+    with ovspec.open(qwen2_dir, "32,64", store=tmp_path, **options) as loader:  # type: ignore[arg-type]
+        assert loader.load_mode is mode
 
 
 def test_a_request_over_the_top_rung_is_refused(qwen2_dir: Path, tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ def test_remap_logits_equal_copy_and_grow_at_every_boundary(
     forced = rng.integers(3, 1000, 220).tolist()  # to live 240: boundaries 64, 128, 192
     with ovspec.open(
         folder, ladder=LADDER, properties=EXACT_CPU_PROPERTIES, store=store, policy="eager",
-        prefill_chunk_tokens=16,
+        prefill_chunk_tokens=16, load_mode="compile",
     ) as loader:  # fmt: skip
         control = run(loader, KVLayout.COPY_AND_GROW, prompt, forced)
         remap = run(loader, KVLayout.REMAP, prompt, forced)
@@ -91,12 +91,16 @@ def test_remap_logits_equal_copy_and_grow_at_every_boundary(
 @needs_mapping
 def test_the_default_layout_is_remap_on_an_aligned_ladder(qwen2_dir: Path, store: Store) -> None:
     with ovspec.open(
-        qwen2_dir, ladder="64,128", properties=EXACT_CPU_PROPERTIES, store=store
+        qwen2_dir,
+        ladder="64,128",
+        properties=EXACT_CPU_PROPERTIES,
+        store=store,
+        load_mode="compile",
     ) as loader:
         aligned = decode(loader, [5, 6, 7], max_new_tokens=70)
     assert (aligned.kv_layout, aligned.kv_note) == ("remap", "")
     with ovspec.open(
-        qwen2_dir, ladder="32,64", properties=EXACT_CPU_PROPERTIES, store=store
+        qwen2_dir, ladder="32,64", properties=EXACT_CPU_PROPERTIES, store=store, load_mode="compile"
     ) as loader:
         unaligned = decode(loader, [5, 6, 7], max_new_tokens=40)
     assert unaligned.kv_layout == "copy-and-grow"
@@ -110,7 +114,7 @@ def test_open_refuses_a_remap_ladder_before_compiling(qwen2_dir: Path, store: St
 
 
 def test_decode_refuses_a_remap_ladder_before_compiling(qwen2_dir: Path, store: Store) -> None:
-    with ovspec.open(qwen2_dir, ladder="32,64", store=store) as loader:
+    with ovspec.open(qwen2_dir, ladder="32,64", store=store, load_mode="compile") as loader:
         with pytest.raises(LadderError, match="cannot map rung 32"):
             decode(loader, [5, 6, 7], max_new_tokens=4, kv_layout=KVLayout.REMAP)
         assert not [e for e in loader.events if e.kind is EventKind.LOAD_START]

@@ -173,6 +173,7 @@ def _open(tiny_dir: Path, store: Store, trim: bool, policy: str = "one_ahead") -
         prefill_chunk_tokens=16,
         tuning=Tuning(trim_weight_pages=trim),
         policy=policy,
+        load_mode="compile",  # rung graphs hold packed copies of the weights
     )
 
 

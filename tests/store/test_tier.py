@@ -304,11 +304,12 @@ def test_open_takes_a_remote_from_its_argument_or_the_environment(
     seaweed: SeaweedServer, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     remote = remote_for(seaweed, new_prefix())
-    with decoding.open(tiny_dir, LADDER, store=tmp_path / "s", remote=remote) as loader:
+    blobs = {"load_mode": "import"}  # the store path, where a remote serves
+    with decoding.open(tiny_dir, LADDER, store=tmp_path / "s", remote=remote, **blobs) as loader:
         tier = loader.store.tier
         assert tier is not None and tier.remote is remote
     monkeypatch.setenv("OVSPEC_REMOTE", "s3://team-cache/from-env")
-    with decoding.open(tiny_dir, LADDER, store=tmp_path / "s") as loader:
+    with decoding.open(tiny_dir, LADDER, store=tmp_path / "s", **blobs) as loader:
         tier = loader.store.tier
         assert tier is not None and tier.remote.url == "s3://team-cache/from-env"
     with Store(tmp_path / "t") as store, pytest.raises(BadRequestError, match="give remote="):

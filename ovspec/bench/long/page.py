@@ -72,8 +72,9 @@ def render(results: Mapping[str, Any]) -> str:
         "bound is at or under the target, not met when its lower bound is above it.",
         "",
     ]
-    for name, case in results["cases"].items():
-        lines += _case(name, case)
+    cases = results["cases"]
+    for name in results.get("case_order") or sorted(cases):
+        lines += _case(name, cases[name])
     return "\n".join(lines) + "\n"
 
 

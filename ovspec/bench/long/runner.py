@@ -91,7 +91,12 @@ def run_long(
         results["config"]["model"] = case.model if case.gguf else model
         results["config"]["prompt_text"] = "real" if prompt else "random ids"
         out[case.name] = results
-    return {"cases": out, "wall_s": time.perf_counter() - began, "properties": dict(properties)}
+    return {
+        "cases": out,
+        "case_order": list(out),  # the saved document sorts mapping keys
+        "wall_s": time.perf_counter() - began,
+        "properties": dict(properties),
+    }
 
 
 def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:

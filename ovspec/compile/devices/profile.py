@@ -51,8 +51,11 @@ class DeviceProfile:
 
     device: str
 
-    # Graphs come from the store as blobs: what every device can do.
+    # Graphs come from the store as blobs: what every device can do. ``rung_load_mode``
+    # is the default where rung graphs are asked for (a KV layout, compression, the
+    # rewrites, work that measures rungs): the same here.
     default_load_mode: ClassVar[LoadMode] = LoadMode.IMPORT
+    rung_load_mode: ClassVar[LoadMode] = LoadMode.IMPORT
     default_rewrites: ClassVar[RewriteSet] = PORTABLE_REWRITES
     # Left out of blob keys: anything not listed is in the key (an unknown property
     # costs a recompile, never a wrong blob).
