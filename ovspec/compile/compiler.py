@@ -48,6 +48,7 @@ from ovspec.ir.specialize import (
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
 from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob, Store
+from ovspec.store.tier import FETCHED_FROM
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +206,26 @@ class Compiler:
         except ValueError as exc:  # an older or damaged record: prepare the IR instead
             log.warning("ignoring the roles stored with a blob (%s)", exc)
             return
+        if FETCHED_FROM in metadata and not self._local_vocabulary_agrees(roles):
+            return
         with self._llm_lock:
             self._roles = roles
+
+    def _local_vocabulary_agrees(self, roles: ModelRoles) -> bool:
+        """Whether roles a remote wrote (an unsigned manifest is anyone's) state the
+        vocabulary of the model folder here: the ids a prompt may hold are checked
+        against it, so it must come from this folder, not from a bucket. config.json's
+        ``vocab_size`` vouches for it; without one, or if they differ, the roles are
+        not used and the IR (this folder's) answers."""
+        local = self.model_dir.config.get("vocab_size")
+        if isinstance(local, int) and not isinstance(local, bool) and local == roles.vocab_tokens:
+            return True
+        log.debug(
+            "not using a remote record's roles: vocabulary %s, the model folder says %r",
+            roles.vocab_tokens,
+            local,
+        )
+        return False
 
     # -- keys ---------------------------------------------------------------------
 
