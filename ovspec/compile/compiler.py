@@ -30,6 +30,7 @@ from ovspec.compile.blobfile import FileSink, map_file
 from ovspec.compile.delegate import BuildDelegate
 from ovspec.compile.devices import DeviceProfile, profile_for
 from ovspec.compile.devices.facts import DeviceFacts, compiler_version
+from ovspec.compile.graphcheck import mismatch
 from ovspec.compile.halves import CompiledGraph, compile_halves
 from ovspec.compile.modes import BlobMode, LoadMode, blob_compile_properties
 from ovspec.compile.preparing import PreparedModel
@@ -281,6 +282,7 @@ class Compiler:
         def validate(path: Path) -> None:
             began = time.perf_counter()
             compiled, backing = self._import(map_file(path), path.name)
+            self._check_graph(compiled, spec, path.name)  # a fetched blob may be another's
             imported.append((compiled, backing, time.perf_counter() - began))
 
         # An absent device (offline NPU compile) cannot import: only the size is proven.
@@ -333,7 +335,16 @@ class Compiler:
         began = time.perf_counter()
         mapping = outcome.payload if outcome.payload is not None else map_file(outcome.path)
         compiled, backing = self._import(mapping, outcome.path.name)
+        # An entry committed before fetched graphs were checked (or by an older ovspec)
+        # may be another specialization's: refused here, it is quarantined and rebuilt.
+        self._check_graph(compiled, spec, outcome.path.name)
         return Program(spec, compiled, placeholder, time.perf_counter() - began, backing)
+
+    def _check_graph(self, compiled: ov.CompiledModel, spec: Specialization, name: str) -> None:
+        """``CompileError`` unless ``compiled`` has the inputs and outputs of ``spec``."""
+        why = mismatch(compiled, spec, self.roles(spec))
+        if why is not None:
+            raise CompileError(f"blob {name} does not serve {spec.label}: {why}")
 
     def load(self, spec: Specialization, halves: bool = False) -> Program:
         """IMPORT: build if needed, then import the blob from the bytes the store verified.

@@ -244,7 +244,7 @@ class Tier:
             except Exception as exc:  # the device's verdict, whatever its exception type
                 unlink(path)
                 refused = RemoteIntegrityError(
-                    f"blob {short} verifies against its manifest but does not import ({exc})"
+                    f"blob {short} verifies against its manifest but is not usable here ({exc})"
                 )
                 if errors is None:
                     self._failed(f"compiling {short}", refused)

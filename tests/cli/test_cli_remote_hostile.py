@@ -20,12 +20,15 @@ from mounts import fill, tmpfs
 from s3server import BUCKET, new_prefix, remote_for, write_payload
 from test_cli_remote import LADDER, aws_env
 
+from ovspec.store.keys import BlobKey
 from ovspec.store.local import Store
-from ovspec.store.manifest import describe_payload
+from ovspec.store.manifest import Manifest, describe_payload
+from ovspec.store.records import BlobRecord
 from ovspec.store.s3 import S3Backend
 from ovspec.testing.seaweed import SeaweedServer
 
 TRACEBACK = "Traceback (most recent call last)"
+LABELS = ("decode@32", "decode@64")
 CLI = (sys.executable, "-c", "from ovspec.cli import main; main()")
 
 
@@ -291,3 +294,63 @@ def test_a_manifest_cannot_widen_the_vocabulary(
     again = generate(warm, *oov)
     one_line_or_none(again)
     assert again.returncode == 2 and "outside the model's vocabulary [0, 2048)" in again.stderr
+
+
+# -- item 7: a graph is checked against the specialization it claims to be --------------
+
+
+def test_a_manifest_pointing_at_another_specializations_payload_is_refused(
+    published: dict[str, str], seaweed: SeaweedServer, tiny_dir: Path, tmp_path: Path
+) -> None:
+    keys = _keys(published, tiny_dir, tmp_path / "a")
+    expected = clean_tokens({}, tiny_dir, tmp_path / "clean")
+    backend = remote_for(seaweed, published["OVSPEC_REMOTE"].split("/", 3)[3]).backend
+    m32, m64 = (Manifest.from_bytes(backend.read_manifest(keys[s]) or b"") for s in LABELS)
+
+    def repoint(manifest: dict[str, Any]) -> None:
+        manifest["payload"] = m64.payload.to_json()
+
+    _rewrite_manifest(seaweed, published, keys["decode@32"], repoint)
+    root = tmp_path / "b"
+    for attempt in range(2):  # the forged manifest stays: every run refuses it again
+        gen = ovspec(published, *generate_args(tiny_dir, root))
+        one_line_or_none(gen)
+        assert gen.returncode == 0, gen.stderr
+        assert json.loads(gen.stdout)["token_ids"] == expected
+        if attempt == 0:
+            assert "does not serve decode@32" in gen.stderr
+    entry = Store(root).local.record(BlobKey(m32.components))
+    assert entry is not None and entry.checksum != m64.payload.xxh3_128  # compiled here
+    assert ovspec({}, "cache", "check", "--cache-dir", str(root)).returncode == 0
+
+
+def test_a_committed_entry_of_another_specialization_heals(tiny_dir: Path, tmp_path: Path) -> None:
+    # What an older ovspec committed from a forged manifest: decode@64's payload stored
+    # under decode@32's key, with a checksum that matches (so it verifies).
+    root = tmp_path / "store"
+    expected = clean_tokens({}, tiny_dir, root)
+    store = Store(root)
+    by_label = {e.metadata["specialization"]: e for e in store.entries()}
+    e32, e64 = (by_label[label] for label in LABELS)
+    key32 = BlobKey(e32.components)
+    assert store.remove(e32.hex)
+    poisoned = BlobRecord(
+        hex=e32.hex,
+        components=e32.components,
+        size_bytes=e64.size_bytes,
+        checksum=e64.checksum,
+        compile_s=e32.compile_s,
+        metadata=dict(e32.metadata),
+    )
+    assert store.local.put(key32, e64.path, poisoned).stored
+    store.close()
+    for attempt in range(2):
+        gen = ovspec({}, *generate_args(tiny_dir, root))
+        one_line_or_none(gen)
+        assert gen.returncode == 0, gen.stderr
+        assert json.loads(gen.stdout)["token_ids"] == expected
+        if attempt == 0:
+            assert "does not serve decode@32" in gen.stderr and "quarantined" in gen.stderr
+    healed = Store(root).local.record(key32)
+    assert healed is not None and healed.checksum != e64.checksum
+    assert ovspec({}, "cache", "check", "--cache-dir", str(root)).returncode == 0
