@@ -219,14 +219,9 @@ class Compiler:
         ``vocab_size`` vouches for it; without one, or if they differ, the roles are
         not used and the IR (this folder's) answers."""
         local = self.model_dir.config.get("vocab_size")
-        if isinstance(local, int) and not isinstance(local, bool) and local == roles.vocab_tokens:
-            return True
-        log.debug(
-            "not using a remote record's roles: vocabulary %s, the model folder says %r",
-            roles.vocab_tokens,
-            local,
-        )
-        return False
+        agrees = isinstance(local, int) and not isinstance(local, bool)
+        log.debug("a remote record's vocabulary %s; config.json %r", roles.vocab_tokens, local)
+        return agrees and local == roles.vocab_tokens
 
     # -- keys ---------------------------------------------------------------------
 
@@ -382,6 +377,11 @@ class Compiler:
         """Import a blob file from a memory map; returns the model and the map to keep
         alive (the file may be removed once this returns)."""
         return self._import(map_file(path), path.name)
+
+    def check_blob(self, path: Path, spec: Specialization) -> None:
+        """``CompileError`` unless the blob at ``path`` imports here as ``spec``'s graph."""
+        compiled, _ = self.import_blob(path)
+        self._check_graph(compiled, spec, path.name)
 
     def _import(self, mapping: mmap.mmap, name: str) -> tuple[ov.CompiledModel, np.ndarray]:
         # Copy-on-write mapping: OpenVINO wants a writable buffer, and this one reads

@@ -322,6 +322,13 @@ def test_a_manifest_pointing_at_another_specializations_payload_is_refused(
     entry = Store(root).local.record(BlobKey(m32.components))
     assert entry is not None and entry.checksum != m64.payload.xxh3_128  # compiled here
     assert ovspec({}, "cache", "check", "--cache-dir", str(root)).returncode == 0
+    pulled = tmp_path / "pulled"
+    pull = ovspec(
+        published, "cache", "pull", str(tiny_dir), *LADDER, "--json", "--cache-dir", str(pulled)
+    )
+    one_line_or_none(pull)
+    assert json.loads(pull.stdout)["counts"] == {"refused": 1, "pulled": 3}
+    assert Store(pulled).local.record(BlobKey(m32.components)) is None  # never committed
 
 
 def test_a_committed_entry_of_another_specialization_heals(tiny_dir: Path, tmp_path: Path) -> None:

@@ -183,6 +183,15 @@ def remote_forged_manifest(h: Harness) -> Outcome:
     if tokens_of(again) != h.clean_tokens:
         outcome.poisoned += 1
     outcome.expect(h.check(root).code == 0, "check after the forged fetch")
+    pull = h.run(
+        "cache", "pull", str(h.model), "--ladder", "32,64", "--json",
+        "--cache-dir", str(h.new_store("forged-pull")), env=bucket.env,
+    )  # fmt: skip
+    try:
+        counts = json.loads(pull.stdout)["counts"]
+    except (ValueError, KeyError):
+        counts = None
+    outcome.expect(counts == {"refused": 1, "pulled": 3}, f"pull --json: {counts!r}")
     # What an older ovspec committed from it: decode@64's payload under decode@32's key.
     old = h.warm_copy("forged-committed")
     store = Store(old)
@@ -196,7 +205,7 @@ def remote_forged_manifest(h: Harness) -> Outcome:
     healed = h.settle(old, outcome)
     outcome.expect(any("quarantined" in w for w in healed.warnings), "not quarantined")
     outcome.observed.append(
-        f"fetch refused: {summarize([first])}; next run: exit {again.code}; "
+        f"fetch refused: {summarize([first])}; next run: exit {again.code}; pull: {counts}; "
         f"committed by an older ovspec: {summarize([healed])}"
     )
     return outcome
