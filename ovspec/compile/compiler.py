@@ -30,6 +30,7 @@ from ovspec.compile.blobfile import FileSink, map_file
 from ovspec.compile.delegate import BuildDelegate
 from ovspec.compile.devices import DeviceProfile, profile_for
 from ovspec.compile.devices.facts import DeviceFacts, compiler_version
+from ovspec.compile.graphcheck import mismatch
 from ovspec.compile.halves import CompiledGraph, compile_halves
 from ovspec.compile.modes import BlobMode, LoadMode, blob_compile_properties
 from ovspec.compile.preparing import PreparedModel
@@ -48,6 +49,7 @@ from ovspec.ir.specialize import (
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import KEY_FORMAT_VERSION, BlobKey
 from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob, Store
+from ovspec.store.tier import FETCHED_FROM
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +207,21 @@ class Compiler:
         except ValueError as exc:  # an older or damaged record: prepare the IR instead
             log.warning("ignoring the roles stored with a blob (%s)", exc)
             return
+        if FETCHED_FROM in metadata and not self._local_vocabulary_agrees(roles):
+            return
         with self._llm_lock:
             self._roles = roles
+
+    def _local_vocabulary_agrees(self, roles: ModelRoles) -> bool:
+        """Whether roles a remote wrote (an unsigned manifest is anyone's) state the
+        vocabulary of the model folder here: the ids a prompt may hold are checked
+        against it, so it must come from this folder, not from a bucket. config.json's
+        ``vocab_size`` vouches for it; without one, or if they differ, the roles are
+        not used and the IR (this folder's) answers."""
+        local = self.model_dir.config.get("vocab_size")
+        agrees = isinstance(local, int) and not isinstance(local, bool)
+        log.debug("a remote record's vocabulary %s; config.json %r", roles.vocab_tokens, local)
+        return agrees and local == roles.vocab_tokens
 
     # -- keys ---------------------------------------------------------------------
 
@@ -262,6 +277,7 @@ class Compiler:
         def validate(path: Path) -> None:
             began = time.perf_counter()
             compiled, backing = self._import(map_file(path), path.name)
+            self._check_graph(compiled, spec, path.name)  # a fetched blob may be another's
             imported.append((compiled, backing, time.perf_counter() - began))
 
         # An absent device (offline NPU compile) cannot import: only the size is proven.
@@ -314,7 +330,16 @@ class Compiler:
         began = time.perf_counter()
         mapping = outcome.payload if outcome.payload is not None else map_file(outcome.path)
         compiled, backing = self._import(mapping, outcome.path.name)
+        # An entry committed before fetched graphs were checked (or by an older ovspec)
+        # may be another specialization's: refused here, it is quarantined and rebuilt.
+        self._check_graph(compiled, spec, outcome.path.name)
         return Program(spec, compiled, placeholder, time.perf_counter() - began, backing)
+
+    def _check_graph(self, compiled: ov.CompiledModel, spec: Specialization, name: str) -> None:
+        """``CompileError`` unless ``compiled`` has the inputs and outputs of ``spec``."""
+        why = mismatch(compiled, spec, self.roles(spec))
+        if why is not None:
+            raise CompileError(f"blob {name} does not serve {spec.label}: {why}")
 
     def load(self, spec: Specialization, halves: bool = False) -> Program:
         """IMPORT: build if needed, then import the blob from the bytes the store verified.
@@ -352,6 +377,11 @@ class Compiler:
         """Import a blob file from a memory map; returns the model and the map to keep
         alive (the file may be removed once this returns)."""
         return self._import(map_file(path), path.name)
+
+    def check_blob(self, path: Path, spec: Specialization) -> None:
+        """``CompileError`` unless the blob at ``path`` imports here as ``spec``'s graph."""
+        compiled, _ = self.import_blob(path)
+        self._check_graph(compiled, spec, path.name)
 
     def _import(self, mapping: mmap.mmap, name: str) -> tuple[ov.CompiledModel, np.ndarray]:
         # Copy-on-write mapping: OpenVINO wants a writable buffer, and this one reads

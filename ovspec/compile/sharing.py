@@ -94,15 +94,18 @@ def pull(
     tier = _tier(store)
     compiler = plan_compiler(plan, store)
 
-    def importable(path: Path) -> None:
-        compiler.import_blob(path)  # raises CompileError; the import is then dropped
+    def usable(spec: Specialization) -> Callable[[Path], None] | None:
+        if compiler.facts.offline:
+            return None
+        # Raises CompileError (the import is then dropped): a blob that does not import,
+        # or is another specialization's graph (a forged manifest), is not committed.
+        return lambda path: compiler.check_blob(path, spec)
 
-    check = None if compiler.facts.offline else importable
     began = time.perf_counter()
     done: list[SpecTransfer] = []
     try:
         for spec in plan.specializations():
-            moved = SpecTransfer(spec, tier.pull(compiler.key(spec), check))
+            moved = SpecTransfer(spec, tier.pull(compiler.key(spec), usable(spec)))
             done.append(moved)
             if on_transfer is not None:
                 on_transfer(moved)

@@ -6,6 +6,7 @@ level that checks every manifest and payload a backend returns.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import tempfile
@@ -26,8 +27,9 @@ from ovspec.errors import (
 )
 from ovspec.store.keys import BlobKey
 from ovspec.store.manifest import Manifest, SigningKeys, describe_payload, new_manifest
-from ovspec.store.records import BlobRecord, Verdict
+from ovspec.store.records import BlobRecord, PayloadWriteError, Verdict
 from ovspec.store.storage import PutResult
+from ovspec.store.urls import has_user_info, redact
 
 ENV_REMOTE = "OVSPEC_REMOTE"
 ENV_READ_ONLY = "OVSPEC_REMOTE_READ_ONLY"
@@ -69,9 +71,14 @@ class RemoteConfig:
     def __post_init__(self) -> None:
         scheme, sep, rest = self.url.partition("://")
         bucket = rest.split("/", 1)[0]
+        if has_user_info(self.url):
+            raise StoreError(
+                f"remote {redact(self.url)!r} carries credentials in the URL; give them as "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile in ~/.aws) instead"
+            )
         if scheme != "s3" or not sep or len(bucket) < 3:
             raise StoreError(
-                f"remote {self.url!r} is not s3://BUCKET[/PREFIX]; check "
+                f"remote {redact(self.url)!r} is not s3://BUCKET[/PREFIX]; check "
                 f"{arg('remote', 's3://team-cache/ovspec')}"
             )
 
@@ -170,14 +177,26 @@ class Remote:
                 return True
         return self.backend.has_manifest(key.hex)
 
-    def fetch(self, key: BlobKey, dest: Path) -> Manifest | None:
+    def fetch(self, key: BlobKey, dest: Path, *, max_bytes: int | None = None) -> Manifest | None:
         """Write the payload of ``key`` to ``dest`` and return its manifest; None if the
         remote has no manifest. Raises ``RemoteIntegrityError`` when the payload is not
-        what the manifest says (then ``dest`` is gone): nothing unverified is kept."""
+        what the manifest says, or is larger than ``max_bytes``, and ``PayloadWriteError``
+        when ``dest`` cannot hold it (its filesystem has less room than the manifest
+        says, or a write fails): a local storage failure the store fails open on. Either
+        way ``dest`` is gone: nothing unverified or short is kept.
+
+        The download is bounded before it starts (the manifest's size against
+        ``max_bytes`` and the free space under ``dest``) and while it runs (never more
+        than the manifest's size): an unsigned manifest cannot make it fill a disk."""
         manifest = self.manifest(key)
         if manifest is None:
             return None
         ref, short = manifest.payload, key.hex[:12]
+        if max_bytes is not None and ref.size_bytes > max_bytes:
+            raise RemoteIntegrityError(
+                f"the payload of {short} is {ref.size_bytes} bytes, over the {max_bytes} allowed"
+            )
+        _require_room(dest, ref.size_bytes, short)
         ok = False
         try:
             opened = self.backend.open_payload(ref.sha256)
@@ -192,7 +211,7 @@ class Remote:
                     f"{ref.size_bytes}"
                 )
             sha, xx, got = hashlib.sha256(), xxhash.xxh3_128(), 0
-            with dest.open("wb") as f:
+            with _local_writes(dest, short), dest.open("wb") as f:
                 for chunk in chunks:
                     got += len(chunk)
                     if got > ref.size_bytes:
@@ -257,15 +276,7 @@ class Remote:
     def get(self, key: BlobKey, dest: Path, *, max_bytes: int | None = None) -> BlobRecord | None:
         """``fetch`` as a ``BlobStorage`` read: a payload larger than ``max_bytes`` (as its
         manifest says) is refused before a byte of it is downloaded."""
-        manifest = self.manifest(key)
-        if manifest is None:
-            return None
-        size = manifest.payload.size_bytes
-        if max_bytes is not None and size > max_bytes:
-            raise RemoteIntegrityError(
-                f"the payload of {key.hex[:12]} is {size} bytes, over the {max_bytes} allowed"
-            )
-        fetched = self.fetch(key, dest)
+        fetched = self.fetch(key, dest, max_bytes=max_bytes)
         return fetched.record() if fetched is not None else None
 
     def put(self, key: BlobKey, source: Path, record: BlobRecord) -> PutResult:
@@ -300,7 +311,50 @@ class Remote:
                 found = self.fetch(key, Path(folder) / "payload")
             except RemoteIntegrityError:
                 return Verdict.CORRUPT
+            except PayloadWriteError as exc:
+                raise StoreError(f"cannot verify {key.hex[:12]} of {self.url}: {exc}") from exc
         return Verdict.OK if found is not None else Verdict.MISSING
+
+
+# Room left on the filesystem after a download: a payload that would leave less is not
+# fetched (the index, sidecars and the model's own files need some).
+_FREE_MARGIN_BYTES = 1 << 20
+
+
+def _require_room(dest: Path, size_bytes: int, short: str) -> None:
+    """Refuse, before a byte is downloaded, a payload the filesystem of ``dest`` cannot
+    hold (with a margin): without this an unsigned manifest naming a huge payload fills
+    the disk before the size check at its end."""
+    try:
+        st = os.statvfs(dest.parent)
+    except OSError as exc:
+        raise PayloadWriteError(
+            exc.errno or errno.EIO, f"cannot write the payload of {short} ({exc.strerror})"
+        ) from exc
+    free = st.f_bavail * st.f_frsize
+    if size_bytes + _FREE_MARGIN_BYTES > free:
+        raise PayloadWriteError(
+            errno.ENOSPC,
+            f"the payload of {short} is {size_bytes} bytes and {dest.parent} has {free} "
+            "bytes free; not downloading it",
+        )
+
+
+@contextlib.contextmanager
+def _local_writes(dest: Path, short: str) -> Iterator[None]:
+    """The download's own writes failing (disk full, a file size limit, EIO) as
+    ``PayloadWriteError``: a failure of local storage, which the store fails open on,
+    not of the remote (whose errors are ``StoreError``s)."""
+    try:
+        yield
+    except PayloadWriteError:
+        raise
+    except OSError as exc:  # the transport's errors arrive as RemoteUnavailableError
+        raise PayloadWriteError(
+            exc.errno or errno.EIO,
+            f"cannot write the payload of {short} here ({exc.strerror or exc})",
+            str(dest),
+        ) from exc
 
 
 def open_remote(

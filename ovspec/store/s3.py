@@ -17,6 +17,7 @@ from obstore.store import S3Store
 
 from ovspec.errors import RemoteIntegrityError, RemoteReadOnlyError, RemoteUnavailableError
 from ovspec.store.manifest import MAX_MANIFEST_BYTES
+from ovspec.store.urls import redact
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config
@@ -65,7 +66,9 @@ class S3Settings:
 
 
 def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().split("\n", 1)[0][:300]
+    """The client's message, short, without a URL's credentials (an endpoint given as
+    ``http://user:secret@host`` is echoed in every request error)."""
+    return redact(str(exc).strip().split("\n", 1)[0])[:300]
 
 
 @contextlib.contextmanager

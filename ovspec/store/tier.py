@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from ovspec.errors import (
     RemoteIntegrityError,
@@ -26,8 +26,15 @@ from ovspec.store import index as counters
 from ovspec.store.disk import DiskStore
 from ovspec.store.files import unlink
 from ovspec.store.keys import BlobKey
-from ovspec.store.records import BlobOutcome, BlobRecord, ProducedBlob, StoreWarning
+from ovspec.store.records import (
+    BlobOutcome,
+    BlobRecord,
+    PayloadWriteError,
+    ProducedBlob,
+    StoreWarning,
+)
 from ovspec.store.storage import BlobStorage
+from ovspec.store.urls import redact
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,7 @@ class TransferStatus(Enum):
     ON_REMOTE = "on_remote"  # push: the remote has it already
     MISSING = "missing"  # pull: not on the remote; push: not in the local store
     REFUSED = "refused"  # pull: failed verification or import; push: changed on disk
+    NO_ROOM = "no_room"  # pull: the local store cannot hold it (disk full, a size limit)
     UNAVAILABLE = "unavailable"  # the remote could not be reached
 
     @property
@@ -87,8 +95,20 @@ class _Fetched:
 
 
 def _shareable(metadata: Mapping[str, str]) -> dict[str, str]:
-    """Metadata to upload: what the producer noted, not what a fetch added here."""
-    return {k: v for k, v in metadata.items() if k not in (FETCHED_FROM, FETCH_S)}
+    """Metadata to upload: what the producer noted, not what a fetch added here, and no
+    local path: every reader of the bucket would learn the uploader's folders (and user
+    name); a path becomes its last component (the model folder's name), which is all a
+    reader shows."""
+    return {k: _anonymous(v) for k, v in metadata.items() if k not in (FETCHED_FROM, FETCH_S)}
+
+
+def _anonymous(value: str) -> str:
+    """An absolute path (POSIX or Windows) as its last component; anything else as is."""
+    for flavour in (PurePosixPath, PureWindowsPath):
+        path = flavour(value)
+        if path.is_absolute():
+            return path.name
+    return value
 
 
 class Tier:
@@ -129,7 +149,7 @@ class Tier:
     # -- failing open ---------------------------------------------------------------------
 
     def _warn(self, message: str) -> None:
-        message = " ".join(message.split())
+        message = redact(" ".join(message.split()))  # an endpoint's credentials stay out
         with self._lock:
             if message in self._warned:
                 return
@@ -203,7 +223,9 @@ class Tier:
         short = key.hex[:12]
         began = time.perf_counter()
         try:
-            record = self.remote.get(key, path)
+            # Bounded by the local size limit (a payload over it could not be kept) and,
+            # inside ``get``, by the free space under ``path``.
+            record = self.remote.get(key, path, max_bytes=self.front.size_limit_bytes)
         except StoreError as exc:
             if errors is None:
                 self._failed(f"compiling {short}", exc)
@@ -222,7 +244,7 @@ class Tier:
             except Exception as exc:  # the device's verdict, whatever its exception type
                 unlink(path)
                 refused = RemoteIntegrityError(
-                    f"blob {short} verifies against its manifest but does not import ({exc})"
+                    f"blob {short} verifies against its manifest but is not usable here ({exc})"
                 )
                 if errors is None:
                     self._failed(f"compiling {short}", refused)
@@ -263,10 +285,16 @@ class Tier:
         if self._down is not None:
             return None
         try:
-            return self.remote.record(key)
+            record = self.remote.record(key)
         except StoreError as exc:
             self._failed("working", exc)
             return None
+        if record is None:
+            return None
+        # Marked as the remote's (as a fetched entry's is): a reader can tell what a
+        # bucket said from what this machine recorded.
+        metadata = {**record.metadata, FETCHED_FROM: self.location}
+        return dataclasses.replace(record, metadata=metadata)
 
     # -- uploads --------------------------------------------------------------------------
 
@@ -379,9 +407,14 @@ class Tier:
             return Transfer(key.hex, TransferStatus.LOCAL)
         errors: list[StoreError] = []
         fetched: list[_Fetched] = []
+        no_room: list[str] = []
 
         def obtain(path: Path) -> ProducedBlob:
-            got = self._fetch_into(key, path, validate, errors)
+            try:
+                got = self._fetch_into(key, path, validate, errors)
+            except PayloadWriteError as exc:  # the local disk, not the remote: no room
+                no_room.append(str(exc))
+                raise _NotFetched from exc
             if got is None:
                 raise _NotFetched
             fetched.append(got)
@@ -390,6 +423,8 @@ class Tier:
         try:
             outcome = self.front.get_or_create(key, obtain, validate=None, map_payload=False)
         except _NotFetched:
+            if no_room:
+                return Transfer(key.hex, TransferStatus.NO_ROOM, note=no_room[0])
             if not errors:
                 return Transfer(key.hex, TransferStatus.MISSING, note="not on the remote")
             error = errors[0]

@@ -26,6 +26,14 @@ from ovspec.bench.faults.harness import (
     summarize,
     tokens_of,
 )
+from ovspec.bench.faults.remote import (
+    remote_credentials,
+    remote_disk_full,
+    remote_forged_manifest,
+    remote_huge_payload,
+    remote_paths,
+    remote_vocabulary,
+)
 from ovspec.bench.faults.trust import (
     LINK_LEVELS,
     bad_input,
@@ -391,4 +399,30 @@ CASES: list[FaultCase] = [
     ),
     FaultCase("bad generate / build input", "one line, exit 2, nothing compiled", bad_input),
     FaultCase("small leaks (.part, folders, binary FORMAT)", "cleaned or one line", small_leaks),
+    FaultCase(
+        "remote: fetch onto a full disk (tmpfs, RLIMIT_FSIZE)",
+        "fails open (tokens clean); pull --json: no_room; RLIMIT_FSIZE: one line, exit 2",
+        remote_disk_full,
+    ),
+    FaultCase(
+        "remote: manifest names a payload larger than the disk",
+        "not downloaded (free space, size limit); compiled here; tmp/ clean",
+        remote_huge_payload,
+    ),
+    FaultCase(
+        "remote: forged manifest (decode@32 -> decode@64's payload)",
+        "refused before the commit; a committed one quarantined and rebuilt",
+        remote_forged_manifest,
+    ),
+    FaultCase(
+        "remote: manifest widens the vocabulary",
+        "ids checked against the model folder: one line, exit 2",
+        remote_vocabulary,
+    ),
+    FaultCase(
+        "remote: credentials in the endpoint / remote URL",
+        "never shown; --remote with credentials refused in one line",
+        remote_credentials,
+    ),
+    FaultCase("remote: paths in uploaded manifests", "no local path leaves", remote_paths),
 ]
