@@ -28,7 +28,7 @@ from ovspec.store.layout import (
     TEMP_RE,
 )
 from ovspec.store.listing import entries as list_entries
-from ovspec.store.locks import KeyLock, LockTimeout
+from ovspec.store.locks import KeyLock, LockTimeout, try_lock_folder
 from ovspec.store.records import (
     GcReport,
     StoreEntry,
@@ -102,6 +102,7 @@ def repair_folders(store: StoreCore, fix: bool) -> list[str]:
     report = inspect(layout)
     # Foreign ownership is not listed: such a store opens only when the user trusts it.
     problems = [f"{text}; not followed" for text in report.links]
+    problems += _open_folders(store, fix)
     if not fix or not report.links:
         return problems
     order = sorted(report.bad_paths, key=lambda p: (p != "quarantine", p))
@@ -121,6 +122,23 @@ def repair_folders(store: StoreCore, fix: bool) -> list[str]:
     if "index" in report.bad_paths:
         reopen_index(store, "was a link or a file, not a folder")
     store.access = dataclasses.replace(store.access, report=inspect(layout))
+    return problems
+
+
+def _open_folders(store: StoreCore, fix: bool) -> list[str]:
+    """Store folders others may read or enter (models/ was made 755 before issue 29);
+    made owner-only when ``fix``, as the store creates them."""
+    problems = []
+    for name, st in _scan(store.root):
+        mode = stat.S_IMODE(st.st_mode)
+        if name in FOLDER_NAMES and stat.S_ISDIR(st.st_mode) and mode & 0o077:
+            problems.append(f"{name}/ is open to other users (mode {mode:o}), not owner-only")
+            if fix:  # through an fd opened without following: never a link's target
+                fd = os.open(store.root / name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                try:
+                    os.fchmod(fd, FOLDER_MODE)
+                finally:
+                    os.close(fd)
     return problems
 
 
@@ -341,8 +359,28 @@ def _remove_unused_models(store: StoreCore, cutoff_unix_s: float) -> int:
                 used = st.st_mtime
             stale = used < cutoff_unix_s
         if stale:
-            removed += remove_path(path)
+            removed += _remove_model(path)
     return removed
+
+
+def _remove_model(path: Path) -> bool:
+    """Remove a model folder (or a staging one) unless a process holds it: in use or
+    being written (``ovspec.ir.materialize``). The flock is taken on the folder itself,
+    so removing it under the lock leaves nothing for a later user to find half-gone."""
+    with try_lock_folder(path) as got:
+        return got and remove_path(path)
+
+
+def _clear_models(layout_models: Path) -> None:
+    """Every model folder that no process holds, then models/ itself once empty."""
+    for name, st in _scan(layout_models):
+        path = layout_models / name
+        if stat.S_ISDIR(st.st_mode):
+            _remove_model(path)
+        else:
+            remove_path(path)  # a stray file or a link: removed, never followed
+    with contextlib.suppress(OSError):
+        os.rmdir(layout_models)  # fails while a held folder is left, as it should
 
 
 def _tree_bytes(path: Path) -> int:
@@ -396,8 +434,9 @@ def clear(store: StoreCore) -> int:
     opening.remove_stale_temps(layout, time.time())
     store.index.reset_counters()
     # Models written into the store and the digest memo are derived data, made again
-    # on demand; remove_path never follows a link.
-    remove_path(layout.models)
+    # on demand; remove_path never follows a link. A model folder in use is kept
+    # (issue 29: clearing it under a generate broke the generate).
+    _clear_models(layout.models)
     remove_path(layout.digests)
     return removed
 
