@@ -115,7 +115,15 @@ def repair_folders(store: StoreCore, fix: bool) -> list[str]:
         if st is not None and (stat.S_ISLNK(st.st_mode) or rel == "quarantine"):
             unlink(path)  # the link (or a file named like the quarantine), not a target
         elif st is not None:
-            store.files.move_to_quarantine(path)  # a file where a folder belongs
+            try:  # a file where a folder belongs, or a damaged model folder
+                store.files.move_to_quarantine(path)
+            except PermissionError as exc:
+                # Moving a folder to another parent needs write access to the folder
+                # itself: one another user owns stays until they (or root) remove it.
+                raise StoreError(
+                    f"blob store {store.root}: cannot move {rel} aside ({exc.strerror}); "
+                    "another user owns it: ask them or root to remove it"
+                ) from exc
         if rel in FOLDER_NAMES:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(path, FOLDER_MODE)
