@@ -77,6 +77,7 @@ def hold_model(folder: Path, write: Writer) -> Path:
                 raise
             if known is not None:
                 os.close(known)
+            _forget_gone()
             _held[folder] = fd
             mark_used(fd)
             return folder
@@ -84,6 +85,15 @@ def hold_model(folder: Path, write: Writer) -> Path:
         f"model folder {folder} was removed {ATTEMPTS} times while being written (a "
         "concurrent `ovspec cache clear`?); run the command again"
     )
+
+
+def _forget_gone() -> None:
+    """Drop the holds of folders no longer there (a test's temp store, removed): a
+    long-lived process keeps one fd per model folder it uses, not one per folder ever."""
+    for folder, fd in list(_held.items()):
+        if not _same(folder, fd):
+            os.close(fd)
+            del _held[folder]
 
 
 def _not_followed(folder: Path, what: str) -> str:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ovspec.errors import StoreError
-from ovspec.store import opening
+from ovspec.store import models, opening
 from ovspec.store.core import StoreCore
 from ovspec.store.files import NOT_A_FILE, hash_file, remove_path, unlink
 from ovspec.store.index import STAT_EVICTIONS
@@ -28,7 +28,8 @@ from ovspec.store.layout import (
     TEMP_RE,
 )
 from ovspec.store.listing import entries as list_entries
-from ovspec.store.locks import KeyLock, LockTimeout, try_lock_folder
+from ovspec.store.locks import KeyLock, LockTimeout
+from ovspec.store.models import MODEL_KEEP_S
 from ovspec.store.records import (
     GcReport,
     StoreEntry,
@@ -44,11 +45,6 @@ log = logging.getLogger(__name__)
 STALE_TEMP_S = opening.STALE_TEMP_S
 # gc() deletes quarantined payloads older than this.
 QUARANTINE_KEEP_S = 7 * 24 * 3600.0
-# gc() deletes model folders under models/ unused for this long (a model folder's
-# marker file is touched each time ovspec resolves it: ir.model_dir.mark_used); they
-# are written again on demand.
-MODEL_KEEP_S = 7 * 24 * 3600.0
-MODEL_LAST_USED = ".last-used"
 
 
 def _scan(folder: Path) -> list[tuple[str, os.stat_result]]:
@@ -344,51 +340,8 @@ def gc(store: StoreCore) -> GcReport:
         repaired=tuple(repaired),
         locks_removed=locks_removed,
         quarantine_purged=purged,
-        models_removed=_remove_unused_models(store, time.time() - MODEL_KEEP_S),
+        models_removed=models.remove_unused(store.layout.models, time.time() - MODEL_KEEP_S),
     )
-
-
-def _remove_unused_models(store: StoreCore, cutoff_unix_s: float) -> int:
-    """Model folders last used before the cutoff, and half-written ones (a writer's
-    staging folder, ``.NAME.*.tmp``) older than a stale temp. Links are never followed."""
-    removed = 0
-    now = time.time()
-    for name, st in _scan(store.layout.models):
-        path = store.layout.models / name
-        if not stat.S_ISDIR(st.st_mode):
-            continue
-        if name.startswith("."):
-            stale = st.st_mtime < now - STALE_TEMP_S
-        else:
-            try:
-                marker = os.lstat(path / MODEL_LAST_USED)
-                used = marker.st_mtime if stat.S_ISREG(marker.st_mode) else st.st_mtime
-            except FileNotFoundError:
-                used = st.st_mtime
-            stale = used < cutoff_unix_s
-        if stale:
-            removed += _remove_model(path)
-    return removed
-
-
-def _remove_model(path: Path) -> bool:
-    """Remove a model folder (or a staging one) unless a process holds it: in use or
-    being written (``ovspec.ir.materialize``). The flock is taken on the folder itself,
-    so removing it under the lock leaves nothing for a later user to find half-gone."""
-    with try_lock_folder(path) as got:
-        return got and remove_path(path)
-
-
-def _clear_models(layout_models: Path) -> None:
-    """Every model folder that no process holds, then models/ itself once empty."""
-    for name, st in _scan(layout_models):
-        path = layout_models / name
-        if stat.S_ISDIR(st.st_mode):
-            _remove_model(path)
-        else:
-            remove_path(path)  # a stray file or a link: removed, never followed
-    with contextlib.suppress(OSError):
-        os.rmdir(layout_models)  # fails while a held folder is left, as it should
 
 
 def _tree_bytes(path: Path) -> int:
@@ -444,7 +397,7 @@ def clear(store: StoreCore) -> int:
     # Models written into the store and the digest memo are derived data, made again
     # on demand; remove_path never follows a link. A model folder in use is kept
     # (issue 29: clearing it under a generate broke the generate).
-    _clear_models(layout.models)
+    models.clear(layout.models)
     remove_path(layout.digests)
     return removed
 
