@@ -7,7 +7,7 @@ OpenVINO is loaded when a model is built.
 """
 
 from ovspec.builtin.presets import PRESETS, ModelSpec, generate_weight, generate_weights
-from ovspec.builtin.qwen2 import build_model, write_model
+from ovspec.builtin.qwen2 import build_model, write_model, write_model_files
 
 __all__ = [
     "PRESETS",
@@ -16,4 +16,5 @@ __all__ = [
     "generate_weight",
     "generate_weights",
     "write_model",
+    "write_model_files",
 ]

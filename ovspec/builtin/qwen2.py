@@ -547,6 +547,23 @@ def generation_config(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
+def write_model_files(spec: ModelSpec, folder: Path) -> None:
+    """Write the model's files into ``folder`` (existing, empty). Not atomic: a store's
+    models/ writes into a staging folder it holds (``ovspec.ir.materialize``)."""
+    import openvino as ov
+
+    model = build_model(spec)
+    # compress_to_fp16=False: the weights already are f16 with marked Converts; the
+    # default would also try to compress what the export keeps f32 (the norm eps).
+    ov.save_model(model, folder / MODEL_XML, compress_to_fp16=False)
+    del model
+    for file_name, content in (
+        ("config.json", hf_config(spec)),
+        ("generation_config.json", generation_config(spec)),
+    ):
+        (folder / file_name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+
+
 def write_model(spec: ModelSpec, out_dir: Path) -> Path:
     """Write ``openvino_model.xml/.bin``, ``config.json`` and ``generation_config.json``.
 
@@ -554,8 +571,6 @@ def write_model(spec: ModelSpec, out_dir: Path) -> Path:
     ``out_dir``, so a reader never sees a half-written model. ``out_dir`` must not exist
     or be empty. Returns ``out_dir``.
     """
-    import openvino as ov
-
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ModelError(
@@ -565,16 +580,7 @@ def write_model(spec: ModelSpec, out_dir: Path) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
-        model = build_model(spec)
-        # compress_to_fp16=False: the weights already are f16 with marked Converts; the
-        # default would also try to compress what the export keeps f32 (the norm eps).
-        ov.save_model(model, staging / MODEL_XML, compress_to_fp16=False)
-        del model
-        for file_name, content in (
-            ("config.json", hf_config(spec)),
-            ("generation_config.json", generation_config(spec)),
-        ):
-            (staging / file_name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        write_model_files(spec, staging)
         staging.chmod(0o755)  # mkdtemp makes it 0700
         # rename(2) replaces an empty folder; a concurrent writer that won the race makes
         # it fail with ENOTEMPTY, reported below rather than silently overwritten.

@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -23,6 +21,7 @@ import xxhash
 
 from ovspec.errors import ModelError, openvino_message
 from ovspec.ir.files import IR_XML_NAME, TOKENIZER_XML_NAME, read_rt_info
+from ovspec.ir.materialize import hold_model
 
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
@@ -169,26 +168,15 @@ def import_gguf(path: str | Path, models_root: Path | None) -> Path:
     _check_readable(source, header)
     digest = gguf_digest(source)
     folder = models_root / f"gguf-{digest}"
-    if (folder / IR_XML_NAME).is_file():
-        return folder
-    models_root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".gguf-{digest[:12]}.", suffix=".tmp", dir=models_root))
-    try:
-        _build_with_genai(source.resolve(), staging)
-        _write_config(staging, header, digest, source)
-        staging.chmod(0o755)  # mkdtemp makes it 0700
+
+    def write(staging: Path) -> None:
         try:
-            # rename(2) onto a missing folder; a concurrent builder that won the race makes
-            # it fail, and its folder is as good as ours.
-            os.replace(staging, folder)
-        except OSError:
-            if not (folder / IR_XML_NAME).is_file():
-                raise
-    except OSError as exc:
-        raise ModelError(f"cannot write the IR of {source} into {models_root}: {exc}") from exc
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return folder
+            _build_with_genai(source.resolve(), staging)
+            _write_config(staging, header, digest, source)
+        except OSError as exc:
+            raise ModelError(f"cannot write the IR of {source} into {models_root}: {exc}") from exc
+
+    return hold_model(folder, write)
 
 
 def _check_readable(source: Path, header: GGUFHeader) -> None:

@@ -6,7 +6,6 @@ Validates the folder once and answers the questions the rest of ovspec asks of i
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import xxhash
 
 from ovspec.errors import ModelError
 from ovspec.ir.files import DETOKENIZER_XML_NAME, IR_XML_NAME, TOKENIZER_XML_NAME
+from ovspec.ir.materialize import hold_model
 
 __all__ = ["DETOKENIZER_XML_NAME", "IR_XML_NAME", "TOKENIZER_XML_NAME", "ModelDir"]
 
@@ -125,7 +125,7 @@ def resolve_model(reference: str, models_root: Path | None) -> ModelDir:
     if models_root is None:
         raise ModelError(f"{reference} is written into a store's models folder; open a store")
     # Imported here: building a model needs openvino, a plain path does not.
-    from ovspec.builtin import PRESETS, write_model
+    from ovspec.builtin import PRESETS, write_model_files
 
     preset = reference[len(BUILTIN_PREFIX) :]
     if preset not in PRESETS:
@@ -136,22 +136,4 @@ def resolve_model(reference: str, models_root: Path | None) -> ModelDir:
     spec = PRESETS[preset]
     digest = xxhash.xxh3_64_hexdigest(json.dumps(spec.to_json(), sort_keys=True).encode())
     folder = models_root / f"{preset}-{digest}"
-    if not (folder / IR_XML_NAME).is_file():
-        try:
-            write_model(spec, folder)
-        except ModelError:
-            # Another process may have written it first (the write is a rename).
-            if not (folder / IR_XML_NAME).is_file():
-                raise
-    mark_used(folder)
-    return ModelDir.open(folder)
-
-
-# The store's gc removes model folders whose marker is older than a week.
-LAST_USED_NAME = ".last-used"
-
-
-def mark_used(folder: Path) -> None:
-    """Touch the folder's last-used marker (best effort: a read-only store keeps none)."""
-    with contextlib.suppress(OSError):
-        (folder / LAST_USED_NAME).touch()
+    return ModelDir.open(hold_model(folder, lambda staging: write_model_files(spec, staging)))

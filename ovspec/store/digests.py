@@ -29,10 +29,12 @@ def size_and_digest(path: Path, *, follow_links: bool = True) -> tuple[int, str]
     The buffer is no larger than the file: a fresh 8 MiB buffer per call costs
     thousands of page faults, more than hashing a small blob. ``follow_links=False``:
     a link at ``path`` fails with ELOOP instead of being read (store payloads).
+    Anything that is not a regular file fails with EISDIR before a byte is read:
+    O_NONBLOCK, because opening a FIFO blocking waits forever for a writer (issue 29).
     """
     h = xxhash.xxh3_128()
     size = 0
-    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     with open(fd, "rb", buffering=0) as f:
         st = os.fstat(fd)

@@ -26,8 +26,11 @@ NOT_A_FILE: tuple[int, str] = (-1, "not a regular file")
 
 def hash_file(path: Path) -> tuple[int, str] | None:
     """(size, xxh3-128 hex) of a regular file; None if absent; ``NOT_A_FILE`` for a
-    link, a folder or anything else (never read through)."""
+    link, a folder, a FIFO or anything else (never opened: lstat first, and the open
+    itself refuses what is not a regular file without blocking)."""
     try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return NOT_A_FILE
         return size_and_digest(path, follow_links=False)
     except FileNotFoundError:
         return None

@@ -202,3 +202,25 @@ def try_lock(path: Path, *, held: bool = False) -> Iterator[bool]:
         yield got
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def try_lock_folder(path: Path) -> Iterator[bool]:
+    """Yield whether this caller may remove the real folder at ``path`` now: an
+    exclusive flock on the folder itself, without waiting. A model folder in use or
+    being written is held shared by its user (``ovspec.ir.materialize``) and is busy
+    here; a link or a file in its place is never opened (False)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ovspec.errors import StoreError
-from ovspec.store import opening
+from ovspec.store import models, opening
 from ovspec.store.core import StoreCore
 from ovspec.store.files import NOT_A_FILE, hash_file, remove_path, unlink
 from ovspec.store.index import STAT_EVICTIONS
@@ -29,6 +29,7 @@ from ovspec.store.layout import (
 )
 from ovspec.store.listing import entries as list_entries
 from ovspec.store.locks import KeyLock, LockTimeout
+from ovspec.store.models import MODEL_KEEP_S
 from ovspec.store.records import (
     GcReport,
     StoreEntry,
@@ -44,11 +45,6 @@ log = logging.getLogger(__name__)
 STALE_TEMP_S = opening.STALE_TEMP_S
 # gc() deletes quarantined payloads older than this.
 QUARANTINE_KEEP_S = 7 * 24 * 3600.0
-# gc() deletes model folders under models/ unused for this long (a model folder's
-# marker file is touched each time ovspec resolves it: ir.model_dir.mark_used); they
-# are written again on demand.
-MODEL_KEEP_S = 7 * 24 * 3600.0
-MODEL_LAST_USED = ".last-used"
 
 
 def _scan(folder: Path) -> list[tuple[str, os.stat_result]]:
@@ -102,6 +98,7 @@ def repair_folders(store: StoreCore, fix: bool) -> list[str]:
     report = inspect(layout)
     # Foreign ownership is not listed: such a store opens only when the user trusts it.
     problems = [f"{text}; not followed" for text in report.links]
+    problems += _open_folders(store, fix)
     if not fix or not report.links:
         return problems
     order = sorted(report.bad_paths, key=lambda p: (p != "quarantine", p))
@@ -114,13 +111,38 @@ def repair_folders(store: StoreCore, fix: bool) -> list[str]:
         if st is not None and (stat.S_ISLNK(st.st_mode) or rel == "quarantine"):
             unlink(path)  # the link (or a file named like the quarantine), not a target
         elif st is not None:
-            store.files.move_to_quarantine(path)  # a file where a folder belongs
+            try:  # a file where a folder belongs, or a damaged model folder
+                store.files.move_to_quarantine(path)
+            except PermissionError as exc:
+                # Moving a folder to another parent needs write access to the folder
+                # itself: one another user owns stays until they (or root) remove it.
+                raise StoreError(
+                    f"blob store {store.root}: cannot move {rel} aside ({exc.strerror}); "
+                    "another user owns it: ask them or root to remove it"
+                ) from exc
         if rel in FOLDER_NAMES:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(path, FOLDER_MODE)
     if "index" in report.bad_paths:
         reopen_index(store, "was a link or a file, not a folder")
     store.access = dataclasses.replace(store.access, report=inspect(layout))
+    return problems
+
+
+def _open_folders(store: StoreCore, fix: bool) -> list[str]:
+    """Store folders others may read or enter (models/ was made 755 before issue 29);
+    made owner-only when ``fix``, as the store creates them."""
+    problems = []
+    for name, st in _scan(store.root):
+        mode = stat.S_IMODE(st.st_mode)
+        if name in FOLDER_NAMES and stat.S_ISDIR(st.st_mode) and mode & 0o077:
+            problems.append(f"{name}/ is open to other users (mode {mode:o}), not owner-only")
+            if fix:  # through an fd opened without following: never a link's target
+                fd = os.open(store.root / name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                try:
+                    os.fchmod(fd, FOLDER_MODE)
+                finally:
+                    os.close(fd)
     return problems
 
 
@@ -318,31 +340,8 @@ def gc(store: StoreCore) -> GcReport:
         repaired=tuple(repaired),
         locks_removed=locks_removed,
         quarantine_purged=purged,
-        models_removed=_remove_unused_models(store, time.time() - MODEL_KEEP_S),
+        models_removed=models.remove_unused(store.layout.models, time.time() - MODEL_KEEP_S),
     )
-
-
-def _remove_unused_models(store: StoreCore, cutoff_unix_s: float) -> int:
-    """Model folders last used before the cutoff, and half-written ones (a writer's
-    staging folder, ``.NAME.*.tmp``) older than a stale temp. Links are never followed."""
-    removed = 0
-    now = time.time()
-    for name, st in _scan(store.layout.models):
-        path = store.layout.models / name
-        if not stat.S_ISDIR(st.st_mode):
-            continue
-        if name.startswith("."):
-            stale = st.st_mtime < now - STALE_TEMP_S
-        else:
-            try:
-                marker = os.lstat(path / MODEL_LAST_USED)
-                used = marker.st_mtime if stat.S_ISREG(marker.st_mode) else st.st_mtime
-            except FileNotFoundError:
-                used = st.st_mtime
-            stale = used < cutoff_unix_s
-        if stale:
-            removed += remove_path(path)
-    return removed
 
 
 def _tree_bytes(path: Path) -> int:
@@ -396,8 +395,9 @@ def clear(store: StoreCore) -> int:
     opening.remove_stale_temps(layout, time.time())
     store.index.reset_counters()
     # Models written into the store and the digest memo are derived data, made again
-    # on demand; remove_path never follows a link.
-    remove_path(layout.models)
+    # on demand; remove_path never follows a link. A model folder in use is kept
+    # (issue 29: clearing it under a generate broke the generate).
+    models.clear(layout.models)
     remove_path(layout.digests)
     return removed
 

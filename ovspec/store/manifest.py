@@ -319,9 +319,10 @@ class SigningKeys:
     @classmethod
     def load(cls, path: Path) -> SigningKeys:
         """Read a key file; it must be a regular file only its owner can read or write:
-        anyone who can read the secret can sign, anyone who can write it can swap it."""
+        anyone who can read the secret can sign, anyone who can write it can swap it.
+        O_NONBLOCK: a FIFO there would block the open until a writer came (issue 29)."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             raise StoreError(
                 f"cannot read the signing key file {path} ({exc.strerror}); check "

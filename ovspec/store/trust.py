@@ -118,7 +118,10 @@ def inspect(layout: StoreLayout, euid: int | None = None) -> FolderReport:
         return FolderReport(tuple(foreign), tuple(links), tuple(bad))
     look(layout.format_file, want_folder=False)
     for name in FOLDER_NAMES:
-        if look(root / name, want_folder=True) and name == "blobs":
+        is_folder = look(root / name, want_folder=True)
+        if is_folder and name == "models":
+            _inspect_models(layout.models, euid, links, bad)
+        elif is_folder and name == "blobs":
             with contextlib.suppress(OSError), os.scandir(layout.blobs) as it:
                 for entry in it:
                     if entry.is_symlink() or entry.is_dir(follow_symlinks=False):
@@ -131,6 +134,72 @@ def inspect(layout: StoreLayout, euid: int | None = None) -> FolderReport:
         if why is not None:
             foreign.append(f"index/{layout.index_db.name} is {why}")
     return FolderReport(tuple(foreign), tuple(links), tuple(bad))
+
+
+def _inspect_models(models: Path, euid: int, links: list[str], bad: list[str]) -> None:
+    """Model folders under models/ (ovspec reads their IR and weights): a link in place
+    of one, or one holding a link, a non-file, or anything another user can change, is
+    damage like a link at a store folder (issue 29): refused until ``check --fix``
+    moves it aside; the model is written again on demand."""
+    try:
+        found = _lscan(models)
+    except OSError:
+        return
+    for name, st in found:
+        path = models / name
+        if stat.S_ISLNK(st.st_mode):
+            why: str | None = f"is {_describe_link(path)}"
+        elif stat.S_ISDIR(st.st_mode):
+            why = _model_damage(path, st, euid)
+        else:
+            continue  # a stray file is never read as a model
+        if why is not None:
+            links.append(f"models/{name} {why}")
+            bad.append(f"models/{name}")
+
+
+def _model_damage(folder: Path, st: os.stat_result, euid: int) -> str | None:
+    """Why a model folder must not be used; None if it may."""
+    why = writers(st, euid)
+    if why is not None:
+        return f"is {why}; another user could change the model"
+    try:
+        children = _lscan(folder)
+    except FileNotFoundError:
+        return None  # a writer's staging folder, renamed into place meanwhile
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    for name, cst in children:
+        if stat.S_ISLNK(cst.st_mode):
+            return f"holds a symbolic link ({name}, to {_link_target(folder / name)})"
+        if stat.S_ISDIR(cst.st_mode):
+            inner = _model_damage(folder / name, cst, euid)
+            if inner is not None:
+                return inner
+        elif not stat.S_ISREG(cst.st_mode):
+            return f"holds {name}, which is not a regular file"
+        else:
+            who = writers(cst, euid)
+            if who is not None:
+                return f"holds {name}, {who}; another user could change the model"
+    return None
+
+
+def _lscan(folder: Path) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of a folder's entries, sorted; entries gone meanwhile are skipped."""
+    found = []
+    with os.scandir(folder) as it:
+        for entry in it:
+            with contextlib.suppress(FileNotFoundError):
+                found.append((entry.name, entry.stat(follow_symlinks=False)))
+    return sorted(found)
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 def foreign_message(layout: StoreLayout, report: FolderReport) -> str:
@@ -147,6 +216,7 @@ def links_message(layout: StoreLayout, report: FolderReport) -> str:
     more = f" (and {len(report.links) - 1} more)" if len(report.links) > 1 else ""
     return (
         f"cache folder {layout.root}: {report.links[0]}{more}; ovspec never follows links "
-        f"inside its store. Run `ovspec cache check --fix --cache-dir {layout.root}` to "
-        "replace it with an empty folder (the link's target is left alone)"
+        "inside its store, nor reads a model another user can change. Run `ovspec cache "
+        f"check --fix --cache-dir {layout.root}` to replace it with an empty folder (a model "
+        "folder is moved aside and written again; a link's target is left alone)"
     )

@@ -187,7 +187,8 @@ def test_clear_asks_unless_yes(runner: CliRunner, root: Path) -> None:
 
 
 def test_stats_count_everything_the_store_holds(runner: CliRunner, root: Path) -> None:
-    (root / "models" / "tiny-0123").mkdir(parents=True)
+    (root / "models").mkdir(0o700)  # a store folder: owner-only, as ovspec makes it
+    (root / "models" / "tiny-0123").mkdir()
     (root / "models" / "tiny-0123" / "openvino_model.bin").write_bytes(b"w" * 5000)
     data = json.loads(run(runner, "stats", "--json", root=root).output)
     disk = data["disk"]

@@ -37,9 +37,16 @@ from ovspec.bench.faults.remote import (
 from ovspec.bench.faults.trust import (
     LINK_LEVELS,
     bad_input,
+    clear_during_builtin,
+    fifo_key_file,
+    fifo_payload,
+    foreign_model,
     foreign_store,
     link_target,
     links,
+    model_link,
+    models_mode,
+    models_target,
     read_only_mount,
     small_leaks,
     weights_edited,
@@ -329,6 +336,7 @@ def prepare(h: Harness) -> None:
     """What the campaign makes before its first row: the targets of planted links."""
     for level in LINK_LEVELS:
         link_target(h, level)
+    models_target(h)
 
 
 def _link_case(level: str) -> FaultCase:
@@ -425,4 +433,26 @@ CASES: list[FaultCase] = [
         remote_credentials,
     ),
     FaultCase("remote: paths in uploaded manifests", "no local path leaves", remote_paths),
+    FaultCase(
+        "link at models/<name>",
+        "refused (one line); check reports, --fix removes; target untouched",
+        model_link,
+    ),
+    FaultCase(
+        "model folder owned by another user, weights rewritten",
+        "refused (one line); check reports, --fix moves aside; written again",
+        foreign_model,
+    ),
+    FaultCase(
+        "clear loop during generate/build of builtin:tiny",
+        "generate and build unaffected (model folder held)",
+        clear_during_builtin,
+    ),
+    FaultCase("models/ mode", "made 700; 755 reported, --fix makes it 700", models_mode),
+    FaultCase(
+        "FIFO at a payload (read-only check)",
+        "reported without blocking; --fix moves it",
+        fifo_payload,
+    ),
+    FaultCase("FIFO as the remote key file", "one line, exit 2, no hang", fifo_key_file),
 ]

@@ -9,6 +9,7 @@ import os
 import pickle
 import shutil
 import sqlite3
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -221,4 +222,161 @@ def small_leaks(h: Harness) -> Outcome:
         f"clear: exit {clear.code}; binary FORMAT: exit {bad.code}"
     )
     h.settle(root, outcome)
+    return outcome
+
+
+# -- models/: folders of built-in models, special files (issue 29) -------------------------
+
+BUILTIN = Path("builtin:tiny")  # generate_args takes a model path; this is its reference
+
+
+def builtin_store(h: Harness, name: str) -> Path:
+    """A new store holding builtin:tiny's model folder and blobs (one generate)."""
+    root = h.new_store(name)
+    h.run(*h.generate_args(root, BUILTIN))
+    return root
+
+
+def model_folder(root: Path) -> Path:
+    return next((root / "models").glob("tiny-*"))
+
+
+def models_target(h: Harness) -> Path:
+    """A model folder outside every store with other weights, for a planted link; made
+    once, before any row's snapshot of the outside folder."""
+    target = h.outside / "via-models"
+    if not target.exists():
+        shutil.copytree(h.model, target)
+        weights = target / "openvino_model.bin"
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)
+        weights.write_bytes(bytes(data))
+    return target
+
+
+def model_link(h: Harness) -> Outcome:
+    outcome = Outcome()
+    root = builtin_store(h, "model-link")
+    folder = model_folder(root)
+    shutil.rmtree(folder)
+    folder.symlink_to(models_target(h), target_is_directory=True)
+    refused = h.run(*h.generate_args(root, BUILTIN))
+    outcome.expect(refused.one_line_error(2), "generate through a link at models/ not refused")
+    found = h.check(root)
+    outcome.expect(found.code == 1 and "symbolic link" in found.stdout, "check said OK")
+    fixed = h.check(root, fix=True)
+    outcome.expect(fixed.code == 0 and not folder.is_symlink(), "check --fix left the link")
+    tokens = tokens_of(h.run(*h.generate_args(root, BUILTIN)))
+    outcome.tokens(tokens == h.clean_tokens)
+    outcome.observed.append(
+        f"generate refused (exit {refused.code}, one line); check: exit {found.code}; "
+        f"check --fix: exit {fixed.code}, link removed; then written again in the store"
+    )
+    h.settle(root, outcome)
+    return outcome
+
+
+def foreign_model(h: Harness) -> Outcome:
+    outcome = Outcome()
+    if os.geteuid() != 0:
+        outcome.observed.append("skipped: chown to another user needs root")
+        return outcome
+    root = builtin_store(h, "model-foreign")
+    folder = model_folder(root)
+    for path in [folder, *folder.iterdir()]:
+        os.chown(path, 12345, 12345, follow_symlinks=False)
+    weights = folder / "openvino_model.bin"  # what that user can now do
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)
+    weights.write_bytes(bytes(data))
+    refused = h.run(*h.generate_args(root, BUILTIN))
+    outcome.expect(refused.one_line_error(2), "a foreign model folder was used")
+    found = h.check(root)
+    outcome.expect(found.code == 1 and "owned by" in found.stdout, "check said OK")
+    fixed = h.check(root, fix=True)
+    tokens = tokens_of(h.run(*h.generate_args(root, BUILTIN)))
+    outcome.tokens(tokens == h.clean_tokens)
+    outcome.expect(model_folder(root).stat().st_uid == os.geteuid(), "not written again")
+    outcome.observed.append(
+        f"generate refused (exit {refused.code}, one line); check: exit {found.code}; "
+        f"check --fix: exit {fixed.code}, moved aside; then written again, ours"
+    )
+    h.settle(root, outcome)
+    return outcome
+
+
+def models_mode(h: Harness) -> Outcome:
+    outcome = Outcome()
+    root = builtin_store(h, "models-mode")
+    made = stat.S_IMODE((root / "models").stat().st_mode)
+    outcome.expect(made == 0o700, f"models/ made {made:o}")
+    (root / "models").chmod(0o755)
+    found = h.check(root)
+    outcome.expect(found.code == 1 and "models/ is open" in found.stdout, "check said OK")
+    fixed = h.check(root, fix=True)
+    after = stat.S_IMODE((root / "models").stat().st_mode)
+    outcome.expect(after == 0o700, f"check --fix left models/ {after:o}")
+    outcome.observed.append(
+        f"made {made:o}; 755 → check: exit {found.code}; check --fix: exit {fixed.code}, {after:o}"
+    )
+    h.settle(root, outcome)
+    return outcome
+
+
+def clear_during_builtin(h: Harness, rounds: int = 3) -> Outcome:
+    """``cache clear`` in a loop while ``generate`` or ``build`` of builtin:tiny runs on a
+    fresh store: the model folder is written and read under fire."""
+    outcome = Outcome()
+    seen = []
+    for i in range(rounds):
+        root = h.new_store(f"clear-builtin-{i}")
+        if i % 2 == 0:
+            args = h.generate_args(root, BUILTIN)
+        else:
+            args = ["build", str(BUILTIN), "--ladder", "32,64", "--cache-dir", str(root)]
+        proc = h.start(*args)
+        clears = 0
+        while proc.poll() is None:
+            h.run("cache", "clear", "--yes", "--cache-dir", str(root))
+            clears += 1
+        run = h.finish(proc, args)
+        outcome.expect(run.code == 0, f"{args[0]} under a clear loop: exit {run.code}")
+        if args[0] == "generate":
+            outcome.tokens(tokens_of(run) == h.clean_tokens)
+        seen.append(f"{args[0]}: exit {run.code} ({clears} clears)")
+    outcome.observed.append("; ".join(seen))
+    return outcome
+
+
+def fifo_payload(h: Harness) -> Outcome:
+    outcome = Outcome()
+    root = h.warm_copy("fifo-payload")
+    payload = next(root.glob(f"blobs/*/{h.keys['decode@32']}.blob"))
+    payload.unlink()
+    os.mkfifo(payload)
+    found = h.run("cache", "check", "--cache-dir", str(root), timeout_s=60)
+    outcome.expect(found.code == 1, f"read-only check: exit {found.code} (-9: hung)")
+    fixed = h.check(root, fix=True)
+    outcome.expect(fixed.code == 0 and not payload.exists(), "check --fix kept the FIFO")
+    outcome.observed.append(
+        f"check: exit {found.code} (reported, not opened); check --fix: exit {fixed.code}"
+    )
+    h.settle(root, outcome)
+    return outcome
+
+
+def fifo_key_file(h: Harness) -> Outcome:
+    outcome = Outcome()
+    fifo = h.work / "key-fifo"
+    if not fifo.exists():
+        os.mkfifo(fifo, 0o600)
+    root = h.warm_copy("fifo-key")
+    remote = ("--remote", "s3://bucket/prefix")
+    flag = h.run(*h.generate_args(root), *remote, "--remote-key-file", str(fifo), timeout_s=60)
+    env = h.run(
+        *h.generate_args(root), *remote, env={"OVSPEC_REMOTE_KEY_FILE": str(fifo)}, timeout_s=60
+    )
+    for name, run in (("--remote-key-file", flag), ("OVSPEC_REMOTE_KEY_FILE", env)):
+        outcome.expect(run.one_line_error(2), f"{name}: exit {run.code} (-9: hung)")
+    outcome.observed.append(f"--remote-key-file: exit {flag.code}; env: exit {env.code}")
     return outcome
