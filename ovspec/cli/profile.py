@@ -138,7 +138,7 @@ def profile(
             times = step.summed_ms / step.step_ms
             click.echo(
                 f"note: the {label} graph's op-type times add up to {times:.1f}x its step "
-                "(OpenVINO's PERF_COUNT over-counts some dynamic nodes): compare walls"
+                "(op types overlap in time): compare walls"
             )
     if report.order_ratios:
         ratios = ", ".join(f"{name} {r:.3f}" for name, r in report.order_ratios.items())

@@ -14,7 +14,9 @@ from click.testing import CliRunner
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.bench.profile.rung import (
     COMPILE_ORDERS,
+    PagedPeer,
     StepProfile,
+    _by_type,
     combined,
     profile_rung,
     stateful_floor_ms,
@@ -95,6 +97,22 @@ def test_one_compile_order_on_request(qwen2_dir: Path) -> None:
     assert report.order_ratios["stateful-first"] == pytest.approx(ratio)
     with pytest.raises(BadRequestError, match="compile_order"):
         profile_rung(model, 32, steps=1, compile_order="sideways")  # type: ignore[arg-type]
+
+
+def test_a_step_reads_its_own_time_from_cpu_s_running_mean(qwen2_dir: Path) -> None:
+    """The CPU plugin's PERF_COUNT is the mean over the request's calls: read raw, a step
+    after a 250-token prompt would carry a share of the prompt's time."""
+    assert profile_for("CPU").perf_count_running_mean
+    props = {**EXACT_CPU_PROPERTIES, "PERF_COUNT": "YES"}
+    peer = PagedPeer(ModelDir.open(qwen2_dir), "CPU", props, ov.Core())
+    stepper = peer.stepper(250, 256)
+    assert stepper.calls == 1 and stepper.running_mean  # the prompt, in one call
+    wall_ms, own = stepper.step()
+    mean_of_both = sum(_by_type(stepper.request).values())  # (prompt + step) / 2
+    assert sum(own.values()) <= 1.5 * wall_ms + 0.05
+    assert mean_of_both > 2 * sum(own.values())
+    _, again = stepper.step()
+    assert sum(again.values()) <= 2 * sum(own.values()) + 0.05  # no prompt share later
 
 
 def test_compile_orders_combine_by_geometric_mean() -> None:

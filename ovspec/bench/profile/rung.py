@@ -122,18 +122,36 @@ def _medians(samples: Sequence[dict[str, float]]) -> dict[str, float]:
 
 @dataclass
 class Stepper:
-    """One graph ready to run the same decode step again and again."""
+    """One graph ready to run the same decode step again and again.
+
+    ``calls``: the request's infers so far (a peer's prompt ran on it). Where the device
+    reports PERF_COUNT as the mean over every call of the request (``running_mean``;
+    the CPU plugin does), a step's own time per type is the change in the running
+    total: mean_k * k - mean_{k-1} * (k-1)."""
 
     request: ov.InferRequest
     before: Callable[[], None] | None = None  # puts the live length back
     keep: tuple[Any, ...] = ()  # arrays the request's shared tensors point into
+    calls: int = 0
+    running_mean: bool = False
+    _totals: dict[str, float] = field(default_factory=dict)
 
     def step(self) -> tuple[float, dict[str, float]]:
+        if self.running_mean and self.calls and not self._totals:  # the calls before ours
+            self._totals = {t: m * self.calls for t, m in _by_type(self.request).items()}
         if self.before is not None:
             self.before()
         began = time.perf_counter()
         self.request.infer()
-        return (time.perf_counter() - began) * 1e3, _by_type(self.request)
+        wall = (time.perf_counter() - began) * 1e3
+        self.calls += 1
+        reported = _by_type(self.request)
+        if not self.running_mean:
+            return wall, reported
+        totals = {t: mean * self.calls for t, mean in reported.items()}
+        own = {t: max(total - self._totals.get(t, 0.0), 0.0) for t, total in totals.items()}
+        self._totals = totals
+        return wall, own
 
 
 def interleaved(steppers: Sequence[Stepper], steps: int) -> list[StepProfile]:
@@ -210,7 +228,8 @@ def _rung_step(
         def before() -> None:
             state.state = held
 
-    return Stepper(request, before, tuple(pasts)), kv_bytes
+    running_mean = profile_for(device, properties).perf_count_running_mean
+    return Stepper(request, before, tuple(pasts), running_mean=running_mean), kv_bytes
 
 
 class PagedPeer:
@@ -222,6 +241,7 @@ class PagedPeer:
     ) -> None:
         from ovspec.ir.paged import paged_model
 
+        self.running_mean = profile_for(device, properties).perf_count_running_mean
         self._compiled = core.compile_model(
             paged_model(model_dir.xml_path).model, device, dict(properties)
         )
@@ -241,7 +261,13 @@ class PagedPeer:
             sequence.kv.live_tokens = live_tokens
             sequence.feed([5])
 
-        return Stepper(sequence.request, again, (sequence,))
+        return Stepper(
+            sequence.request,
+            again,
+            (sequence,),
+            calls=len(sequence.steps),
+            running_mean=self.running_mean,
+        )
 
 
 class StatefulPeer:
@@ -251,6 +277,7 @@ class StatefulPeer:
         self, model_dir: ModelDir, device: str, properties: Mapping[str, str], core: ov.Core
     ) -> None:
         model = read_ir(model_dir.xml_path)
+        self.running_mean = profile_for(device, properties).perf_count_running_mean
         self.stateful = bool(model.get_variables())
         self._compiled = (
             core.compile_model(model, device, dict(properties)) if self.stateful else None
@@ -276,9 +303,11 @@ class StatefulPeer:
 
         request.reset_state()
         prompt = [1 + (i * 7) % 97 for i in range(live_tokens)]
+        calls = 0
         for start in range(0, live_tokens, 256):
             feed(prompt[start : start + 256], start)
             request.infer()
+            calls += 1
         saved = [(s, ov.Tensor(np.array(s.state.data, copy=True))) for s in request.query_state()]
         feed([5], live_tokens)
 
@@ -286,7 +315,9 @@ class StatefulPeer:
             for state, tensor in saved:
                 state.state = tensor
 
-        return Stepper(request, restore if live_tokens else None)
+        return Stepper(
+            request, restore if live_tokens else None, calls=calls, running_mean=self.running_mean
+        )
 
 
 def stateful_floor_ms(

@@ -54,6 +54,7 @@ class CpuProfile(DeviceProfile):
     exact_properties: ClassVar[Mapping[str, str]] = MappingProxyType(EXACT_CPU_PROPERTIES)
     halves_prompt_graph: ClassVar[bool] = True
     runs_paged_attention: ClassVar[bool] = True
+    perf_count_running_mean: ClassVar[bool] = True  # tests/bench/test_profile.py checks
     trims_weight_pages: ClassVar[bool] = True
 
     @classmethod

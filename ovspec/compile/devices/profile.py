@@ -70,6 +70,9 @@ class DeviceProfile:
     trims_weight_pages: ClassVar[bool] = False
     # Runs OpenVINO's PagedAttention op (the paged load mode).
     runs_paged_attention: ClassVar[bool] = False
+    # PERF_COUNT's per-node times are the mean over every call of the request (not the
+    # last call's); unknown elsewhere, so read as given.
+    perf_count_running_mean: ClassVar[bool] = False
     # Bytes of an export that differ between identical compiles, as (start, end) counted
     # back from the blob's end; a blob-identity check reads them as zeros.
     volatile_blob_tail: ClassVar[tuple[int, int] | None] = None
