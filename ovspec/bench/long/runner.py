@@ -31,6 +31,7 @@ class LongCase:
     prompt_tokens: int
     new_tokens: int
     ladder: str  # a preset without a tokenizer reads SmolLM2's ids of the same text
+    sdpa_peer: bool = False  # also genai with ATTENTION_BACKEND=SDPA (the stateful model)
 
     @property
     def gguf(self) -> bool:
@@ -40,7 +41,7 @@ class LongCase:
 CASES: dict[str, LongCase] = {
     c.name: c
     for c in (
-        LongCase("smollm2-3000", SMOLLM2, 3000, 1500, LONG_LADDER),
+        LongCase("smollm2-3000", SMOLLM2, 3000, 1500, LONG_LADDER, sdpa_peer=True),
         LongCase("qwen0.5b-3000", "builtin:qwen2.5-0.5b", 3000, 1500, LONG_LADDER),
         LongCase("smollm2-128", SMOLLM2, 128, 1000, "256,512,1024,2048"),
     )
@@ -72,6 +73,8 @@ def run_long(
         else:
             prompt = real_text_prompt(tokenizer_dir, case.prompt_tokens)
         arms = ["genai", "ovspec-paged"]
+        if case.sdpa_peer:
+            arms.append("genai-sdpa")
         if case.gguf and llamacpp_python is not None:
             arms.append("llama.cpp")
         config = SpeedConfig(

@@ -43,14 +43,21 @@ class Arm:
     store: str = ""  # "fresh" per run, "kept" across runs (primed once), "" (none)
     policy: str = "one_ahead"
     load_mode: str = ""  # "" = the device's default
+    # Properties this arm adds to the run's (genai's attention backend, say).
+    extra_properties: tuple[tuple[str, str], ...] = ()
 
     @property
     def description(self) -> str:
+        if self.runner == "genai" and self.extra_properties:
+            extra = ", ".join(f"{k}={v}" for k, v in self.extra_properties)
+            return f"openvino-genai LLMPipeline with {extra}, no cache"
         if self.runner == "genai":
-            return "openvino-genai LLMPipeline (dynamic, stateful), no cache"
+            return (
+                "openvino-genai LLMPipeline (its default backend; on CPU PagedAttention), no cache"
+            )
         if self.runner == "llamacpp":
             return "llama-cpp-python on the GGUF, greedy, its own defaults"
-        mode = self.load_mode or "device default (CPU: compile from the IR)"
+        mode = self.load_mode or "device default"
         store = {"fresh": "cold store", "kept": "warm store"}.get(self.store, "")
         return f"ovspec {self.policy.replace('_', '-')}, load {mode}, {store}"
 
@@ -59,13 +66,17 @@ ARMS: dict[str, Arm] = {
     a.name: a
     for a in (
         Arm("genai", "genai"),
-        Arm("ovspec-cold", "ovspec", store="fresh"),
-        Arm("ovspec-warm", "ovspec", store="kept"),
+        # genai's other CPU backend: the stateful model (SDPA), what `ovspec profile`'s
+        # stateful peer is.
+        Arm("genai-sdpa", "genai", extra_properties=(("ATTENTION_BACKEND", "SDPA"),)),
+        # Rung graphs compiled from the IR (CPU's default until the paged path).
+        Arm("ovspec-cold", "ovspec", store="fresh", load_mode="compile"),
+        Arm("ovspec-warm", "ovspec", store="kept", load_mode="compile"),
         Arm("ovspec-import-warm", "ovspec", store="kept", load_mode="import"),
         Arm("ovspec-import-cold", "ovspec", store="fresh", load_mode="import"),
         # Every rung compiled before the prompt: its bands are the rungs' own decode,
         # with no successor compiling on the same cores (one-ahead's bands have one).
-        Arm("ovspec-eager", "ovspec", store="kept", policy="eager"),
+        Arm("ovspec-eager", "ovspec", store="kept", policy="eager", load_mode="compile"),
         # One PagedAttention graph from the IR, the KV in blocks (CPU).
         Arm("ovspec-paged", "ovspec", store="kept", policy="on_demand", load_mode="paged"),
         # llama.cpp on the GGUF itself (its own interpreter: a benchmark-only build).
@@ -229,6 +240,7 @@ def run_speed(
     def request(arm: Arm, store: Path | None) -> ArmRequest:
         own = arm.runner == "genai" or arm.load_mode == "paged"  # no loader thread
         props = dict(properties) if own else loader_properties("CPU", properties)
+        props.update(arm.extra_properties)
         gguf = arm.runner == "llamacpp"  # llama.cpp reads the GGUF itself
         return ArmRequest(
             arm=arm.runner,
