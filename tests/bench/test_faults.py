@@ -1,5 +1,5 @@
 """The fault campaign's harness on one cheap class, so the campaign cannot rot between
-full runs (``tools/faults.py`` runs them all; docs/reliability.md holds the table)."""
+full runs (``tools/faults.py`` runs them all; docs/benchmarks/reliability.md holds the table)."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ RENDERERS: dict[str, str] = {
     "kv": "ovspec.bench.kv.page:render",
     "long-context": "ovspec.bench.long.page:render",
     "overlap": "ovspec.bench.overlap.analysis:render",
+    "reliability": "ovspec.bench.faults.page:render",
     "remote": "ovspec.bench.remote.page:render",
     "speed": "ovspec.bench.speed.page:render_page",
     "sweep": "ovspec.bench.sweep.page:render",

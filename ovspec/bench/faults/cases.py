@@ -1,5 +1,5 @@
 """The fault classes of the store's campaign, one function each, in the order of the
-table in docs/reliability.md. Each injects its fault from outside ovspec and observes
+table in docs/benchmarks/reliability.md. Each injects its fault from outside ovspec and observes
 through ``ovspec`` processes (``harness.Harness``); a case says what it saw and whether
 that was what the store promises (cache/README.md)."""
 

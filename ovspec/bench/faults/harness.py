@@ -5,7 +5,7 @@ Every fault is injected from outside ovspec (files damaged, links planted, a tmp
 filled, a file size limit, SIGKILL and SIGSTOP, chown) and observed through real
 ``ovspec`` processes: exit codes, stderr (tracebacks counted), the tokens ``generate``
 prints against a clean run's, and a canary folder outside every store that nothing may
-touch. ``tools/faults.py`` runs it; docs/reliability.md holds its table.
+touch. ``tools/faults.py`` runs it; docs/benchmarks/reliability.md holds its table.
 """
 
 from __future__ import annotations
