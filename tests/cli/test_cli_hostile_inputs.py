@@ -5,6 +5,7 @@ nested past the parser's recursion, an IR cut short."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -14,9 +15,11 @@ from click.testing import CliRunner, Result
 import ovspec.cli.commands  # noqa: F401 - registers the command modules
 from ovspec.cli import cli
 from ovspec.testing.hostile import (
+    ENDLESS_CHAT_TEMPLATE,
     deeply_nested_json,
     hostile_gguf_headers,
     truncated_ir,
+    with_chat_template,
 )
 
 HEADERS = hostile_gguf_headers()
@@ -91,3 +94,25 @@ def test_a_truncated_ir_is_one_line(
     result = invoke(*args, "--ladder", "32", "--cache-dir", str(root))
     assert_one_line(result, "is cut short")
     assert result.stdout == ""  # no report of a model that could not be read
+
+
+def test_a_chat_template_that_loops_for_hours_is_stopped(qwen2_dir: Path, tmp_path: Path) -> None:
+    model = with_chat_template(qwen2_dir, tmp_path / "model", ENDLESS_CHAT_TEMPLATE)
+    root = tmp_path / "store"
+    args = ["generate", str(model), "--chat", "hi", "--max-new-tokens", "2", "--ladder", "64"]
+    result = invoke(*args, "--cache-dir", str(root))
+    assert_one_line(result, "did not finish within")
+    assert result.stdout == ""
+
+
+def test_a_chat_template_still_renders_in_its_child(qwen2_dir: Path, tmp_path: Path) -> None:
+    # The same ids as genai's tokenizer in this process (the bound changes nothing else).
+    import openvino_genai
+
+    tokenizer = openvino_genai.Tokenizer(str(qwen2_dir))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], True)
+    expected = tokenizer.encode(text, add_special_tokens=False).input_ids.data[0].tolist()
+    args = ["generate", str(qwen2_dir), "--chat", "hi", "--max-new-tokens", "2", "--ladder", "64"]
+    result = invoke(*args, "--json", "--cache-dir", str(tmp_path / "store"))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["prompt_ids"] == expected
