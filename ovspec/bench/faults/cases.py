@@ -266,7 +266,7 @@ def maintenance_during_generate(h: Harness, max_loops: int = 60) -> Outcome:
     loops = 0
     while gen.poll() is None and loops < max_loops:
         if loops % 2:
-            h.run("cache", "gc", "--size-limit-bytes", "200000", "--cache-dir", str(root))
+            h.run("cache", "gc", "--size-limit", "200000B", "--cache-dir", str(root))
         else:
             h.run("cache", "clear", "--yes", "--cache-dir", str(root))
         loops += 1
@@ -274,7 +274,7 @@ def maintenance_during_generate(h: Harness, max_loops: int = 60) -> Outcome:
     outcome.tokens(tokens_of(run) == h.clean_tokens)
     outcome.expect(loops >= 2, "the loop did not overlap the generate")
     outcome.observed.append(f"{loops} clear/gc while a generate ran: {summarize([run])}")
-    h.run("cache", "gc", "--size-limit-bytes", str(20 * 2**30), "--cache-dir", str(root))
+    h.run("cache", "gc", "--size-limit", "20G", "--cache-dir", str(root))
     h.settle(root, outcome)
     return outcome
 
