@@ -115,8 +115,7 @@ class RungValues:
         return out
 
 
-# A compile second or decode millisecond past this is a typo, not a cost (issue 29).
-MAX_RUNG_VALUE = 1e6
+MAX_RUNG_VALUE = 1e6  # a compile second or decode millisecond past this is a typo (issue 29)
 
 
 def _parse_number(text: str, flag: str, part: str) -> float:
@@ -125,9 +124,7 @@ def _parse_number(text: str, flag: str, part: str) -> float:
     except ValueError:
         raise BadRequestError(f"{flag} entry {part!r} is not a number") from None
     if not math.isfinite(value) or not 0 <= value <= MAX_RUNG_VALUE:
-        raise BadRequestError(
-            f"{flag} entry {part!r} must be a finite number >= 0 and <= {MAX_RUNG_VALUE:,.0f}"
-        )
+        raise BadRequestError(f"{flag} entry {part!r} must be a finite number >= 0 and <= 1e6")
     return value
 
 

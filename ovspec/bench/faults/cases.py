@@ -29,9 +29,13 @@ from ovspec.bench.faults.harness import (
 from ovspec.bench.faults.trust import (
     LINK_LEVELS,
     bad_input,
+    endless_chat_template,
     foreign_store,
+    hostile_gguf,
+    hostile_model_files,
     link_target,
     links,
+    out_of_range_numbers,
     read_only_mount,
     small_leaks,
     weights_edited,
@@ -391,4 +395,24 @@ CASES: list[FaultCase] = [
     ),
     FaultCase("bad generate / build input", "one line, exit 2, nothing compiled", bad_input),
     FaultCase("small leaks (.part, folders, binary FORMAT)", "cleaned or one line", small_leaks),
+    FaultCase(
+        "hostile GGUF headers (2^62-byte string, 2^32-1 dims, nested arrays)",
+        "one line, exit 2, nothing built",
+        hostile_gguf,
+    ),
+    FaultCase(
+        "hostile model files (config.json nested 100,000 deep, IR cut short)",
+        "one line, exit 2, nothing stored",
+        hostile_model_files,
+    ),
+    FaultCase(
+        "chat template that loops for hours",
+        "stopped at its bound: one line, exit 2",
+        endless_chat_template,
+    ),
+    FaultCase(
+        "out-of-range numbers (inf, 2^70, 10^9 chunk, int4:7, unit-less size)",
+        "one line, exit 2, store unchanged",
+        out_of_range_numbers,
+    ),
 ]
