@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from ovspec.errors import LadderError, arg
 
 DEFAULT_LADDER_TOKENS: tuple[int, ...] = (1024, 2048, 4096, 8192)
+# The largest capacity (and token count) ovspec takes: 4M tokens, past every model's
+# position limit today; a larger number is a typo, refused before any work (issue 29).
+MAX_CAPACITY_TOKENS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,11 @@ class Ladder:
         for cap in caps:
             if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
                 raise LadderError(f"ladder capacity {cap!r} is not a positive integer")
+            if cap > MAX_CAPACITY_TOKENS:
+                raise LadderError(
+                    f"ladder capacity {cap:,} is over {MAX_CAPACITY_TOKENS:,} tokens "
+                    f"(4096K), the most ovspec takes"
+                )
         for low, high in itertools.pairwise(caps):
             if high <= low:
                 raise LadderError(

@@ -16,11 +16,15 @@ from ovspec.cli import cli
 from ovspec.cli.options import (
     KEY_VALUE,
     LADDER,
+    MAX_TIMEOUT_S,
+    SEED,
+    FiniteFloatRange,
     cache_dir_option,
     chunk_option,
     emit_json,
     json_option,
     model_folder,
+    repeats_range,
 )
 from ovspec.errors import BadRequestError
 from ovspec.extras import require_extra
@@ -146,7 +150,7 @@ def plot_needs_the_bench_extra(
 @click.argument("model")
 @click.option(
     "--pairs",
-    type=click.IntRange(min=2),
+    type=repeats_range(2),
     default=5,
     show_default=True,
     help="Measured A/B pairs (one more warm-up pair is run and left out).",
@@ -181,7 +185,7 @@ def plot_needs_the_bench_extra(
 )
 @_arm_options("a")
 @_arm_options("b")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the AB/BA start.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds the AB/BA start.")
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -196,14 +200,14 @@ def plot_needs_the_bench_extra(
 @click.option(
     "--run-timeout",
     "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(0, MAX_TIMEOUT_S, min_open=True),
     default=3600.0,
     show_default=True,
     help="Seconds one compile process may take.",
 )
 @click.option(
     "--max-runs",
-    type=click.IntRange(min=1),
+    type=repeats_range(),
     help="Stop after this many new compiles; the same command continues the trial.",
 )
 @cache_dir_option

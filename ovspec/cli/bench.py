@@ -11,6 +11,7 @@ import click
 
 from ovspec.cli import cli
 from ovspec.cli.options import (
+    SEED,
     cache_dir_option,
     chunk_option,
     compress_option,
@@ -19,7 +20,9 @@ from ovspec.cli.options import (
     json_option,
     ladder_option,
     model_folder,
+    repeats_range,
     split_option,
+    tokens_range,
 )
 from ovspec.errors import BadRequestError
 from ovspec.extras import require_extra
@@ -34,16 +37,16 @@ if TYPE_CHECKING:
 @cli.command()
 @click.argument("model")
 @ladder_option
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--prompt-tokens", type=tokens_range(), default=128, show_default=True)
 @click.option(
     "--new-tokens",
-    type=click.IntRange(min=1),
+    type=tokens_range(),
     default=None,
     help="Teacher-forced tokens after the prompt [default: up to the top rung].",
 )
 @click.option(
     "--repetitions",
-    type=click.IntRange(min=1),
+    type=repeats_range(),
     default=4,
     show_default=True,
     help="Rows of the Williams design (balanced at multiples of 2x the protocols when "
@@ -87,7 +90,7 @@ if TYPE_CHECKING:
     help="Also write the generated page: DIR/results/bench.json and DIR/bench.md "
     "(e.g. docs/benchmarks).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds tokens and order.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seeds tokens and order.")
 @click.option(
     "--out-dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -11,6 +11,7 @@ import click
 
 from ovspec.cli import cli
 from ovspec.cli.options import (
+    MAX_JOBS,
     blob_mode_option,
     cache_dir_option,
     chunk_option,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 @compress_option
 @click.option(
     "--jobs",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_JOBS),
     default=1,
     show_default=True,
     help="Specializations compiled at once.",

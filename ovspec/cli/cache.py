@@ -238,7 +238,8 @@ def check(ctx: click.Context, cache_dir: Path | None, fix: bool, as_json: bool) 
     "size_limit_bytes",
     type=SIZE,
     default=None,
-    help="Set (and persist) a new size limit for blobs before collecting: 10G, 512M, bytes.",
+    help="Set (and persist) a new size limit for blobs before collecting: 10G, 512M, 4096B "
+    "(a unit is required).",
 )
 @_json_option
 def gc(cache_dir: Path | None, size_limit_bytes: int | None, as_json: bool) -> None:

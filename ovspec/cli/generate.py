@@ -19,6 +19,10 @@ import click
 from ovspec.cli import cli
 from ovspec.cli.options import (
     INT_LIST,
+    MAX_TOKEN_ID,
+    SEED,
+    TOKEN_ID,
+    FiniteFloatRange,
     cache_dir_option,
     chunk_option,
     device_options,
@@ -29,6 +33,7 @@ from ovspec.cli.options import (
     open_store,
     remote_options,
     split_option,
+    tokens_range,
 )
 from ovspec.ladder import Ladder
 
@@ -58,35 +63,35 @@ def sampling_options(func: F) -> F:
         ),
         click.option(
             "--temperature",
-            type=float,
+            type=FiniteFloatRange(0, 100),
             default=1.0,
             show_default=True,
             help="Softmax temperature (with --do-sample).",
         ),
         click.option(
             "--top-k",
-            type=click.IntRange(min=0),
+            type=click.IntRange(0, MAX_TOKEN_ID),
             default=0,
             show_default=True,
             help="Sample among the K most likely tokens; 0 = all (with --do-sample).",
         ),
         click.option(
             "--top-p",
-            type=float,
+            type=FiniteFloatRange(0, 1),
             default=1.0,
             show_default=True,
             help="Sample in the smallest set whose probability exceeds P (with --do-sample).",
         ),
         click.option(
             "--repetition-penalty",
-            type=float,
+            type=FiniteFloatRange(0, 100),
             default=1.0,
             show_default=True,
             help="Divide (x if negative: multiply) logits of prompt and generated ids; 1 = off.",
         ),
         click.option(
             "--rng-seed",
-            type=click.IntRange(min=0),
+            type=SEED,
             default=0,
             show_default=True,
             help="Seed of the sampler: the same seed gives the same tokens.",
@@ -94,7 +99,7 @@ def sampling_options(func: F) -> F:
         click.option(
             "--stop-token-id",
             "stop_token_ids",
-            type=click.IntRange(min=0),
+            type=TOKEN_ID,
             multiple=True,
             help="Stop when this id is generated (beside the model's EOS); repeatable.",
         ),
@@ -141,7 +146,7 @@ def sampling_options(func: F) -> F:
 )
 @click.option(
     "--max-new-tokens",
-    type=click.IntRange(min=1),
+    type=tokens_range(),
     default=64,
     show_default=True,
     help="Tokens to generate at most.",

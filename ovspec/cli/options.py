@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ import click
 from ovspec.cli import error_text
 from ovspec.errors import OvspecError
 from ovspec.ir.compression import Compression
-from ovspec.ladder import DEFAULT_LADDER_TOKENS, Ladder
+from ovspec.ladder import DEFAULT_LADDER_TOKENS, MAX_CAPACITY_TOKENS, Ladder
 
 if TYPE_CHECKING:
     from ovspec.ir.model_dir import ModelDir
@@ -82,6 +83,40 @@ class IntListType(click.ParamType[list[int], Any]):
         return [int(p) for p in parts]
 
 
+class FiniteFloatRange(click.FloatRange):
+    """click's ``FloatRange`` that also refuses nan (every comparison with nan is false,
+    so a range alone lets it through) and, with both bounds set, every infinity."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        converted = super().convert(value, param, ctx)
+        if not math.isfinite(converted):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return converted
+
+
+# Ranges of the numeric options (issue 29, item 15). Every number a command takes is
+# bounded on both sides, and floats are finite: a value out of range is one line and
+# exit 2 at the edge. tests/cli/test_cli_ranges.py walks every command's parameters and
+# fails on a numeric one without both bounds.
+MAX_TOKEN_ID = 2**31 - 1  # vocabularies are indexed by int32
+MAX_SEED = 2**64 - 1  # openvino-genai's rng_seed is a size_t
+MAX_JOBS = 256
+MAX_REPEATS = 100_000  # pairs, runs, repetitions, timed steps
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+TOKEN_ID = click.IntRange(0, MAX_TOKEN_ID)
+SEED = click.IntRange(0, MAX_SEED)
+
+
+def tokens_range(min_tokens: int = 1) -> click.IntRange:
+    """A token count (prompt, new tokens, chunk, rung, live positions)."""
+    return click.IntRange(min_tokens, MAX_CAPACITY_TOKENS)
+
+
+def repeats_range(min_count: int = 1) -> click.IntRange:
+    """How many times something is done: pairs, runs, repetitions, timed steps."""
+    return click.IntRange(min_count, MAX_REPEATS)
+
+
 LADDER = LadderType()
 COMPRESSION = CompressionType()
 KEY_VALUE = KeyValueType()
@@ -114,7 +149,7 @@ def chunk_option(func: F) -> F:
     return click.option(
         "--chunk",
         "chunk_tokens",
-        type=click.IntRange(min=1),
+        type=tokens_range(),
         default=128,
         show_default=True,
         help="Prefill chunk in tokens (shrunk to the rung on small rungs).",

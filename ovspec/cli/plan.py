@@ -25,6 +25,8 @@ from ovspec.cli.options import (
     load_mode_option,
     open_store,
     remote_options,
+    repeats_range,
+    tokens_range,
 )
 from ovspec.errors import OvspecError
 from ovspec.ir.compression import Compression
@@ -61,14 +63,14 @@ RUNG_VALUES = RungValuesType()
 @ladder_option
 @click.option(
     "--prompt-tokens",
-    type=click.IntRange(min=1),
+    type=tokens_range(),
     default=DEFAULT_PROMPT_TOKENS,
     show_default=True,
     help="Prompt length: it picks the first rung and shortens its window.",
 )
 @click.option(
     "--new-tokens",
-    type=click.IntRange(min=0),
+    type=tokens_range(0),
     default=None,
     help="Decode steps after the prompt.  [default: up to the top rung]",
 )
@@ -102,7 +104,7 @@ RUNG_VALUES = RungValuesType()
 )
 @click.option(
     "--measure-steps",
-    type=click.IntRange(min=1),
+    type=repeats_range(),
     default=DEFAULT_MEASURE_STEPS,
     show_default=True,
     help="Decode steps timed per rung with --measure (the median counts).",

@@ -16,6 +16,8 @@ from ovspec.cli.options import (
     emit_json,
     json_option,
     model_folder,
+    repeats_range,
+    tokens_range,
 )
 
 if TYPE_CHECKING:
@@ -29,20 +31,20 @@ TOP_TYPES = 12
 @click.option(
     "--rung",
     "capacity_tokens",
-    type=click.IntRange(min=1),
+    type=tokens_range(),
     required=True,
     help="The rung (KV capacity) whose decode step is profiled.",
 )
 @click.option(
     "--live",
     "live_tokens",
-    type=click.IntRange(min=0),
+    type=tokens_range(0),
     default=None,
     help="Live KV tokens during the step.  [default: the rung - 1]",
 )
 @click.option(
     "--steps",
-    type=click.IntRange(min=1),
+    type=repeats_range(),
     default=8,
     show_default=True,
     help="Decode steps timed per graph (medians count).",

@@ -24,6 +24,9 @@ class CompressionMode(Enum):
 
 
 DEFAULT_INT4_GROUP_SIZE = 128
+# int4 groups that weight-compression kernels use: powers of two (issue 29: int4:7 and
+# int4:99999999999 were taken).
+INT4_GROUP_SIZES = tuple(2**k for k in range(4, 13))  # 16 .. 4096
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,11 @@ class Compression:
         if self.mode is CompressionMode.INT4:
             if self.group_size is None or self.group_size <= 0:
                 raise BadRequestError("int4 compression needs a positive group size, e.g. int4:128")
+            if self.group_size not in INT4_GROUP_SIZES:
+                raise BadRequestError(
+                    f"int4 group size {self.group_size} is not a power of two from "
+                    f"{INT4_GROUP_SIZES[0]} to {INT4_GROUP_SIZES[-1]}; e.g. int4:128"
+                )
         elif self.group_size is not None:
             raise BadRequestError(f"{self.mode.value} compression takes no group size")
 

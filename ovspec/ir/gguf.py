@@ -15,7 +15,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import xxhash
 
@@ -53,8 +53,8 @@ def read_gguf_header(path: Path) -> GGUFHeader:
     """The header of a GGUF file; ``ModelError`` if it is not one, or is cut short."""
     try:
         with path.open("rb") as f:
-            header = _parse_header(f, path)
-        size = path.stat().st_size
+            size = os.fstat(f.fileno()).st_size
+            header = _parse_header(_Reader(f, size), path)
     except OSError as exc:
         raise ModelError(f"cannot read {path}: {exc.strerror}") from exc
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
@@ -78,30 +78,88 @@ _BLOCKS |= {8: (32, 34), 9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 1
 _BLOCKS |= {13: (256, 176), 14: (256, 210), 15: (256, 292), 24: (1, 1), 25: (1, 2)}
 _BLOCKS |= {26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2)}
 _DEFAULT_ALIGNMENT = 32
+# Bounds a crafted header cannot talk past (issue 29, item 8): every length and count is
+# checked against the bytes left in the file before anything is read or allocated, and
+# against limits no real file comes near. ggml's own reader allows 4 dimensions and no
+# arrays of arrays; a little nesting is accepted, not a recursion as deep as a file asks.
+_MAX_STRING_BYTES = 1 << 24  # the longest real strings are chat templates (~100 KB)
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_ARRAY_DEPTH = 4
+# The fewest bytes one entry can take: a metadata pair (empty key, type, a 1-byte
+# value), a tensor (empty name, n_dims, type, offset), an array item by its type.
+_KV_MIN_BYTES, _TENSOR_MIN_BYTES = 8 + 4 + 1, 8 + 4 + 4 + 8
+_ITEM_MIN_BYTES = {_STRING: 8, _ARRAY: 12}
 
 
-def _parse_header(f: BinaryIO, path: Path) -> GGUFHeader:
-    if f.read(4) != GGUF_MAGIC:
+class _Reader:
+    """A GGUF file read forward, every read and skip checked against the bytes left."""
+
+    def __init__(self, f: BinaryIO, size_bytes: int) -> None:
+        self.f = f
+        self.size_bytes = size_bytes
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def left_bytes(self) -> int:
+        return self.size_bytes - self.f.tell()
+
+    def take(self, n: int, what: str) -> bytes:
+        self._fits(n, what)
+        data = self.f.read(n)
+        if len(data) != n:
+            raise ValueError(f"the file ends inside {what}")
+        return data
+
+    def skip(self, n: int, what: str) -> None:
+        self._fits(n, what)
+        self.f.seek(n, os.SEEK_CUR)
+
+    def unpack(self, code: str, what: str) -> tuple[Any, ...]:
+        return struct.unpack(code, self.take(struct.calcsize(code), what))
+
+    def count(self, n: int, item_bytes: int, what: str) -> int:
+        """``n`` entries of at least ``item_bytes`` each must fit in what is left."""
+        if n * item_bytes > self.left_bytes():
+            raise ValueError(
+                f"{what} claims {n:,} entries; the {self.left_bytes():,} bytes left hold fewer"
+            )
+        return n
+
+    def _fits(self, n: int, what: str) -> None:
+        if n > self.left_bytes():
+            raise ValueError(
+                f"{what} of {n:,} bytes runs past the end of the file "
+                f"({self.left_bytes():,} bytes left)"
+            )
+
+
+def _parse_header(r: _Reader, path: Path) -> GGUFHeader:
+    if r.f.read(4) != GGUF_MAGIC:
         raise ModelError(f"{path} is not a GGUF file (no GGUF magic at its start)")
-    (version,) = struct.unpack("<I", f.read(4))
+    (version,) = r.unpack("<I", "the version")
     if version < 2:
         raise ModelError(f"{path} is GGUF version {version}; readers need version 2 or later")
-    tensor_count, kv_count = struct.unpack("<QQ", f.read(16))
+    tensor_count, kv_count = r.unpack("<QQ", "the counts")
+    r.count(kv_count, _KV_MIN_BYTES, "the metadata table")
+    r.count(tensor_count, _TENSOR_MIN_BYTES, "the tensor table")
     values: dict[str, object] = {}
     for _ in range(kv_count):
-        key = _read_string(f)
-        (kind,) = struct.unpack("<I", f.read(4))
-        values[key] = _read_value(f, kind)
+        key = _read_string(r, "a metadata key")
+        (kind,) = r.unpack("<I", f"the type of {key!r}")
+        values[key] = _read_value(r, kind, key, depth=0)
     arch = values.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"{path} has no general.architecture; not an LLM GGUF file")
     context = values.get(f"{arch}.context_length")
     end: int | None = 0
     for _ in range(tensor_count):
-        _read_string(f)
-        (n_dims,) = struct.unpack("<I", f.read(4))
-        dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
-        kind, offset = struct.unpack("<IQ", f.read(12))
+        name = _read_string(r, "a tensor name")
+        (n_dims,) = r.unpack("<I", f"the dimensions of {name!r}")
+        if n_dims > _MAX_DIMS:
+            raise ValueError(f"tensor {name!r} has {n_dims:,} dimensions; GGUF allows {_MAX_DIMS}")
+        dims = r.unpack(f"<{n_dims}Q", f"the shape of {name!r}")
+        kind, offset = r.unpack("<IQ", f"the type of {name!r}")
         if end is not None and kind in _BLOCKS:
             per_block, block_bytes = _BLOCKS[kind]
             elements = 1
@@ -112,7 +170,7 @@ def _parse_header(f: BinaryIO, path: Path) -> GGUFHeader:
             end = None
     alignment = values.get("general.alignment", _DEFAULT_ALIGNMENT)
     align = alignment if isinstance(alignment, int) and alignment > 0 else _DEFAULT_ALIGNMENT
-    data_start = -(-f.tell() // align) * align
+    data_start = -(-r.tell() // align) * align
     return GGUFHeader(
         version=version,
         architecture=arch,
@@ -122,29 +180,32 @@ def _parse_header(f: BinaryIO, path: Path) -> GGUFHeader:
     )
 
 
-def _read_string(f: BinaryIO) -> str:
-    (length,) = struct.unpack("<Q", f.read(8))
-    data = f.read(length)
-    if len(data) != length:
-        raise ValueError("truncated string")
-    return data.decode("utf-8")
+def _read_string(r: _Reader, what: str) -> str:
+    (length,) = r.unpack("<Q", f"the length of {what}")
+    if length > _MAX_STRING_BYTES:
+        raise ValueError(f"{what} claims {length:,} bytes; GGUF strings here stay under 16 MiB")
+    return r.take(length, what).decode("utf-8")
 
 
-def _read_value(f: BinaryIO, kind: int) -> object:
+def _read_value(r: _Reader, kind: int, key: str, depth: int) -> object:
     if kind in _SCALARS:
         code = "<" + _SCALARS[kind]
-        return struct.unpack(code, f.read(struct.calcsize(code)))[0]
+        return r.unpack(code, f"the value of {key!r}")[0]
     if kind == _STRING:
-        return _read_string(f)
+        return _read_string(r, f"the value of {key!r}")
     if kind == _ARRAY:
-        item_kind, count = struct.unpack("<IQ", f.read(12))
+        if depth >= _MAX_ARRAY_DEPTH:
+            raise ValueError(f"{key!r} nests arrays deeper than {_MAX_ARRAY_DEPTH}")
+        item_kind, count = r.unpack("<IQ", f"the array {key!r}")
         if item_kind in _SCALARS:  # skipped, not decoded: vocabularies are large
-            f.seek(count * struct.calcsize("<" + _SCALARS[item_kind]), os.SEEK_CUR)
+            item_bytes = struct.calcsize("<" + _SCALARS[item_kind])
+            r.skip(r.count(count, item_bytes, f"the array {key!r}") * item_bytes, key)
         else:
+            r.count(count, _ITEM_MIN_BYTES.get(item_kind, 1), f"the array {key!r}")
             for _ in range(count):
-                _read_value(f, item_kind)
+                _read_value(r, item_kind, key, depth + 1)
         return None
-    raise ValueError(f"unknown metadata type {kind}")
+    raise ValueError(f"unknown metadata type {kind} of {key!r}")
 
 
 def gguf_digest(path: Path) -> str:

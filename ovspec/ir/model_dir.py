@@ -7,13 +7,19 @@ Validates the folder once and answers the questions the rest of ovspec asks of i
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
 
 from ovspec.errors import ModelError
-from ovspec.ir.files import DETOKENIZER_XML_NAME, IR_XML_NAME, TOKENIZER_XML_NAME
+from ovspec.ir.files import (
+    DETOKENIZER_XML_NAME,
+    IR_XML_NAME,
+    TOKENIZER_XML_NAME,
+    read_json_object,
+)
 from ovspec.ir.materialize import hold_model
 
 __all__ = ["DETOKENIZER_XML_NAME", "IR_XML_NAME", "TOKENIZER_XML_NAME", "ModelDir"]
@@ -75,27 +81,31 @@ class ModelDir:
 
 
 def _check_looks_like_ir(xml: Path) -> None:
-    # Reading a few hundred bytes is enough to tell an IR from a stray file; the full
-    # parse happens later and its errors are mapped there too.
+    # Reading a few hundred bytes at each end is enough to tell an IR from a stray file
+    # and a whole one from one cut short (issue 29, item 14: a truncated IR used to pass
+    # here and fail later, inside a report); the full parse happens later and its errors
+    # are mapped there too.
     try:
         with xml.open("rb") as f:
             head = f.read(512)
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - 512))
+            tail = f.read()
     except OSError as exc:
         raise ModelError(f"cannot read {xml}: {exc.strerror}") from exc
     if b"<net" not in head:
         raise ModelError(f"{xml} is not an OpenVINO IR (no <net> element at the top)")
+    # OpenVINO's serializer ends every IR with the closing tag of its root element.
+    if not tail.rstrip().endswith(b"</net>"):
+        raise ModelError(
+            f"{xml} is cut short ({size:,} bytes, no closing </net>); re-export or copy it again"
+        )
 
 
 def _read_config(path: Path) -> dict[str, object]:
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelError(f"{path} does not hold a JSON object")
-    return data
+    return read_json_object(path)
 
 
 BUILTIN_PREFIX = "builtin:"

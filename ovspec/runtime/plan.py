@@ -115,13 +115,16 @@ class RungValues:
         return out
 
 
+MAX_RUNG_VALUE = 1e6  # a compile second or decode millisecond past this is a typo (issue 29)
+
+
 def _parse_number(text: str, flag: str, part: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise BadRequestError(f"{flag} entry {part!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise BadRequestError(f"{flag} entry {part!r} must be a finite number >= 0")
+    if not math.isfinite(value) or not 0 <= value <= MAX_RUNG_VALUE:
+        raise BadRequestError(f"{flag} entry {part!r} must be a finite number >= 0 and <= 1e6")
     return value
 
 

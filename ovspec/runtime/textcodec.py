@@ -6,7 +6,6 @@ never emits half a UTF-8 character, and the stop (EOS) ids a model folder declar
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import numpy as np
 import openvino as ov
 
 from ovspec.errors import BadRequestError, ModelError, arg, openvino_message
-from ovspec.ir.files import read_rt_info
+from ovspec.ir.files import read_json_object, read_rt_info
 from ovspec.ir.model_dir import DETOKENIZER_XML_NAME, TOKENIZER_XML_NAME, ModelDir
 
 GENERATION_CONFIG_NAME = "generation_config.json"
@@ -170,12 +169,7 @@ def eos_token_ids(model_dir: ModelDir) -> frozenset[int]:
     path = model_dir.root / GENERATION_CONFIG_NAME
     sources: list[tuple[str, object]] = [("config.json", model_dir.config.get("eos_token_id"))]
     if path.is_file():
-        try:
-            generation = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"{path} is not valid JSON: {exc}") from exc
-        if not isinstance(generation, dict):
-            raise ModelError(f"{path} does not hold a JSON object")
+        generation = read_json_object(path)
         sources.append((GENERATION_CONFIG_NAME, generation.get("eos_token_id")))
     for source, value in sources:
         if value is None:

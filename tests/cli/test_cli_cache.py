@@ -142,7 +142,7 @@ def test_check_healthy_corrupt_and_fixed(runner: CliRunner, root: Path) -> None:
 
 
 def test_gc_evicts_to_a_new_limit(runner: CliRunner, root: Path) -> None:
-    result = run(runner, "gc", "--size-limit", "4000", root=root)
+    result = run(runner, "gc", "--size-limit", "4000B", root=root)
     assert result.exit_code == 0, result.output
     assert "evicted 1 entry (2.9 KiB)" in result.output
     with Store(root) as store:
@@ -158,7 +158,7 @@ def test_gc_evicts_to_a_new_limit(runner: CliRunner, root: Path) -> None:
         ("10G", 10 * 2**30),
         ("512M", 512 * 2**20),
         ("1.5GiB", 3 * 2**29),
-        ("4000", 4000),
+        ("4000B", 4000),
         ("2k", 2048),
     ],
 )
@@ -166,7 +166,7 @@ def test_size_options_take_units(text: str, size: int) -> None:
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "G", "10X", "-5", "0", "1.5 ZB"])
+@pytest.mark.parametrize("text", ["", "G", "10X", "-5", "0", "1.5 ZB", "4000", "1.5", "0.5B"])
 def test_bad_sizes_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="size"):
         parse_size(text)

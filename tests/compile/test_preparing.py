@@ -36,7 +36,7 @@ def test_a_graph_prepared_ahead_is_the_one_every_caller_gets(qwen2_dir: Path) ->
 def test_an_error_while_preparing_ahead_is_raised_by_get_not_by_the_thread(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "openvino_model.xml").write_text("<net>not an IR", encoding="utf-8")
+    (tmp_path / "openvino_model.xml").write_text("<net>not an IR</net>", encoding="utf-8")
     (tmp_path / "openvino_model.bin").write_bytes(b"")
     prepared = PreparedModel(ModelDir.open(tmp_path), Compression())
     prepared.start()

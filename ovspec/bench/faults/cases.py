@@ -38,15 +38,19 @@ from ovspec.bench.faults.trust import (
     LINK_LEVELS,
     bad_input,
     clear_during_builtin,
+    endless_chat_template,
     fifo_key_file,
     fifo_payload,
     foreign_model,
     foreign_store,
+    hostile_gguf,
+    hostile_model_files,
     link_target,
     links,
     model_link,
     models_mode,
     models_target,
+    out_of_range_numbers,
     read_only_mount,
     small_leaks,
     weights_edited,
@@ -281,7 +285,7 @@ def maintenance_during_generate(h: Harness, max_loops: int = 60) -> Outcome:
     loops = 0
     while gen.poll() is None and loops < max_loops:
         if loops % 2:
-            h.run("cache", "gc", "--size-limit-bytes", "200000", "--cache-dir", str(root))
+            h.run("cache", "gc", "--size-limit", "200000B", "--cache-dir", str(root))
         else:
             h.run("cache", "clear", "--yes", "--cache-dir", str(root))
         loops += 1
@@ -289,7 +293,7 @@ def maintenance_during_generate(h: Harness, max_loops: int = 60) -> Outcome:
     outcome.tokens(tokens_of(run) == h.clean_tokens)
     outcome.expect(loops >= 2, "the loop did not overlap the generate")
     outcome.observed.append(f"{loops} clear/gc while a generate ran: {summarize([run])}")
-    h.run("cache", "gc", "--size-limit-bytes", str(20 * 2**30), "--cache-dir", str(root))
+    h.run("cache", "gc", "--size-limit", "20G", "--cache-dir", str(root))
     h.settle(root, outcome)
     return outcome
 
@@ -455,4 +459,24 @@ CASES: list[FaultCase] = [
         fifo_payload,
     ),
     FaultCase("FIFO as the remote key file", "one line, exit 2, no hang", fifo_key_file),
+    FaultCase(
+        "hostile GGUF headers (2^62-byte string, 2^32-1 dims, nested arrays)",
+        "one line, exit 2, nothing built",
+        hostile_gguf,
+    ),
+    FaultCase(
+        "hostile model files (config.json nested 100,000 deep, IR cut short)",
+        "one line, exit 2, nothing stored",
+        hostile_model_files,
+    ),
+    FaultCase(
+        "chat template that loops for hours",
+        "stopped at its bound: one line, exit 2",
+        endless_chat_template,
+    ),
+    FaultCase(
+        "out-of-range numbers (inf, 2^70, 10^9 chunk, int4:7, unit-less size)",
+        "one line, exit 2, store unchanged",
+        out_of_range_numbers,
+    ),
 ]
