@@ -26,6 +26,12 @@ from ovspec.bench.faults.harness import (
     summarize,
     tokens_of,
 )
+from ovspec.bench.faults.hostile import (
+    endless_chat_template,
+    hostile_gguf,
+    hostile_model_files,
+    out_of_range_numbers,
+)
 from ovspec.bench.faults.remote import (
     remote_credentials,
     remote_disk_full,
@@ -38,19 +44,15 @@ from ovspec.bench.faults.trust import (
     LINK_LEVELS,
     bad_input,
     clear_during_builtin,
-    endless_chat_template,
     fifo_key_file,
     fifo_payload,
     foreign_model,
     foreign_store,
-    hostile_gguf,
-    hostile_model_files,
     link_target,
     links,
     model_link,
     models_mode,
     models_target,
-    out_of_range_numbers,
     read_only_mount,
     small_leaks,
     weights_edited,
