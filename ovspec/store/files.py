@@ -4,6 +4,7 @@ writing its sidecar, quarantine and deletion. Nothing here follows a link.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import mmap
@@ -189,3 +190,18 @@ class EntryFiles:
     def delete_payload_and_sidecar(self, hex_: str) -> None:
         unlink(self.layout.payload_path(hex_))
         unlink(self.layout.sidecar_path(hex_))
+
+
+def scan_folder(folder: Path) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of each entry of a real folder, sorted; [] if it is not one."""
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return []
+        with os.scandir(folder) as it:
+            found = []
+            for e in it:
+                with contextlib.suppress(FileNotFoundError):
+                    found.append((e.name, e.stat(follow_symlinks=False)))
+    except FileNotFoundError:
+        return []
+    return sorted(found, key=lambda x: x[0])

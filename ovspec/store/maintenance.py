@@ -16,7 +16,7 @@ from pathlib import Path
 from ovspec.errors import StoreError
 from ovspec.store import models, opening
 from ovspec.store.core import StoreCore
-from ovspec.store.files import NOT_A_FILE, hash_file, remove_path, unlink
+from ovspec.store.files import NOT_A_FILE, hash_file, remove_path, scan_folder, unlink
 from ovspec.store.index import STAT_EVICTIONS
 from ovspec.store.layout import (
     FOLDER_MODE,
@@ -45,21 +45,6 @@ log = logging.getLogger(__name__)
 STALE_TEMP_S = opening.STALE_TEMP_S
 # gc() deletes quarantined payloads older than this.
 QUARANTINE_KEEP_S = 7 * 24 * 3600.0
-
-
-def _scan(folder: Path) -> list[tuple[str, os.stat_result]]:
-    """(name, lstat) of each entry of a real folder, sorted; [] if it is not one."""
-    try:
-        if not stat.S_ISDIR(os.lstat(folder).st_mode):
-            return []
-        with os.scandir(folder) as it:
-            found = []
-            for e in it:
-                with contextlib.suppress(FileNotFoundError):
-                    found.append((e.name, e.stat(follow_symlinks=False)))
-    except FileNotFoundError:
-        return []
-    return sorted(found, key=lambda x: x[0])
 
 
 def _kind(st: os.stat_result) -> str:
@@ -133,7 +118,7 @@ def _open_folders(store: StoreCore, fix: bool) -> list[str]:
     """Store folders others may read or enter (models/ was made 755 before issue 29);
     made owner-only when ``fix``, as the store creates them."""
     problems = []
-    for name, st in _scan(store.root):
+    for name, st in scan_folder(store.root):
         mode = stat.S_IMODE(st.st_mode)
         if name in FOLDER_NAMES and stat.S_ISDIR(st.st_mode) and mode & 0o077:
             problems.append(f"{name}/ is open to other users (mode {mode:o}), not owner-only")
@@ -179,7 +164,7 @@ def _check(store: StoreCore, fix: bool) -> list[str]:
     hexes |= _check_blobs(store, fix, problems)
     temps: dict[str, list[Path]] = {}
     now = time.time()
-    for name, st in _scan(layout.tmp):
+    for name, st in scan_folder(layout.tmp):
         path = layout.tmp / name
         m = TEMP_RE.fullmatch(name)
         if m is not None and stat.S_ISREG(st.st_mode):
@@ -190,7 +175,7 @@ def _check(store: StoreCore, fix: bool) -> list[str]:
             problems.append(f"stale temp file tmp/{name} ({_kind(st)})")
             if fix:
                 remove_path(path)
-    for name, st in _scan(layout.locks):
+    for name, st in scan_folder(layout.locks):
         if not stat.S_ISREG(st.st_mode):
             problems.append(f"locks/{name} is {_kind(st)}, not a lock file")
             if fix:
@@ -209,7 +194,7 @@ def _check_blobs(store: StoreCore, fix: bool, problems: list[str]) -> set[str]:
     sidecars. Anything else is reported and, when fixing, quarantined."""
     layout = store.layout
     hexes: set[str] = set()
-    for name, st in _scan(layout.blobs):
+    for name, st in scan_folder(layout.blobs):
         path = layout.blobs / name
         if stat.S_ISLNK(st.st_mode):
             continue  # reported (and removed) by repair_folders
@@ -218,7 +203,7 @@ def _check_blobs(store: StoreCore, fix: bool, problems: list[str]) -> set[str]:
             if fix:
                 store.files.move_to_quarantine(path)
             continue
-        for child, cst in _scan(path):
+        for child, cst in scan_folder(path):
             m = PAYLOAD_RE.fullmatch(child) or SIDECAR_RE.fullmatch(child)
             if m is None or m["hex"][:2] != name:
                 problems.append(f"unexpected file blobs/{name}/{child}")
@@ -315,7 +300,7 @@ def gc(store: StoreCore) -> GcReport:
     evicted, freed = evict_to_limit(store, keep=None)
     live = set(store.index.row_hexes())
     locks_removed = 0
-    for name, st in _scan(store.layout.locks):
+    for name, st in scan_folder(store.layout.locks):
         m = LOCK_RE.fullmatch(name)
         if m is None or m["hex"] in live or not stat.S_ISREG(st.st_mode):
             continue
@@ -330,7 +315,7 @@ def gc(store: StoreCore) -> GcReport:
                 lock.release()
     purged = 0
     cutoff = time.time() - QUARANTINE_KEEP_S
-    for name, st in _scan(store.layout.quarantine):
+    for name, st in scan_folder(store.layout.quarantine):
         if st.st_mtime < cutoff:
             with contextlib.suppress(FileNotFoundError):
                 purged += remove_path(store.layout.quarantine / name)
@@ -347,7 +332,7 @@ def gc(store: StoreCore) -> GcReport:
 def _tree_bytes(path: Path) -> int:
     """Bytes of the regular files below ``path``, never following links."""
     total = 0
-    for name, st in _scan(path):
+    for name, st in scan_folder(path):
         if stat.S_ISREG(st.st_mode):
             total += st.st_size
         elif stat.S_ISDIR(st.st_mode):
@@ -374,12 +359,12 @@ def clear(store: StoreCore) -> int:
     repair_folders(store, fix=True)
     removed = sum(remove(store, h) for h in store.index.row_hexes())
     layout = store.layout
-    for name, st in _scan(layout.blobs):
+    for name, st in scan_folder(layout.blobs):
         folder = layout.blobs / name
         if not stat.S_ISDIR(st.st_mode):
             remove_path(folder)  # a stray file or a link: removed, never followed
             continue
-        for child, cst in _scan(folder):
+        for child, cst in scan_folder(folder):
             m = PAYLOAD_RE.fullmatch(child) or SIDECAR_RE.fullmatch(child)
             if m is None or not stat.S_ISREG(cst.st_mode):
                 remove_path(folder / child)
@@ -387,9 +372,9 @@ def clear(store: StoreCore) -> int:
             with store.try_lock(m["hex"]) as got:
                 if got:
                     unlink(folder / child)
-    for name, _ in _scan(layout.quarantine):
+    for name, _ in scan_folder(layout.quarantine):
         remove_path(layout.quarantine / name)
-    for name, st in _scan(layout.locks):
+    for name, st in scan_folder(layout.locks):
         if name != STORE_LOCK_NAME and not stat.S_ISREG(st.st_mode):
             remove_path(layout.locks / name)
     opening.remove_stale_temps(layout, time.time())

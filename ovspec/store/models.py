@@ -12,7 +12,7 @@ import stat
 import time
 from pathlib import Path
 
-from ovspec.store.files import remove_path
+from ovspec.store.files import remove_path, scan_folder
 from ovspec.store.locks import try_lock_folder
 from ovspec.store.opening import STALE_TEMP_S
 
@@ -23,28 +23,13 @@ MODEL_KEEP_S = 7 * 24 * 3600.0
 MODEL_LAST_USED = ".last-used"
 
 
-def _scan(folder: Path) -> list[tuple[str, os.stat_result]]:
-    """(name, lstat) of each entry of a real folder; [] if it is not one."""
-    try:
-        if not stat.S_ISDIR(os.lstat(folder).st_mode):
-            return []
-        with os.scandir(folder) as it:
-            found = []
-            for e in it:
-                with contextlib.suppress(FileNotFoundError):
-                    found.append((e.name, e.stat(follow_symlinks=False)))
-    except FileNotFoundError:
-        return []
-    return sorted(found, key=lambda x: x[0])
-
-
 def remove_unused(models: Path, cutoff_unix_s: float) -> int:
     """Model folders last used before the cutoff, and half-written ones (a writer's
     staging folder, ``.NAME.*.tmp``) older than a stale temp, unless held. Links are
     never followed."""
     removed = 0
     now = time.time()
-    for name, st in _scan(models):
+    for name, st in scan_folder(models):
         path = models / name
         if not stat.S_ISDIR(st.st_mode):
             continue
@@ -72,7 +57,7 @@ def remove_model(path: Path) -> bool:
 
 def clear(models: Path) -> None:
     """Every model folder that no process holds, then models/ itself once empty."""
-    for name, st in _scan(models):
+    for name, st in scan_folder(models):
         path = models / name
         if stat.S_ISDIR(st.st_mode):
             remove_model(path)
