@@ -46,7 +46,7 @@ import pytest
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - the 3.10 fallback
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "docs" / "benchmarks"
@@ -137,7 +137,8 @@ def find_figures(text: str, path: str) -> list[Figure]:
 def _blocks(text: str) -> Iterator[tuple[int, str]]:
     """(first line number, text) per paragraph, fenced block or top-level list item."""
     lines = text.splitlines()
-    start, current, fenced = 1, [], False
+    start, fenced = 1, False
+    current: list[str] = []
     for number, line in enumerate(lines, 1):
         opens_item = line.startswith(("- ", "* ")) or bool(re.match(r"\d+\. ", line))
         if FENCE.match(line):
@@ -184,7 +185,9 @@ class Evidence:
         value, half = _value(number)
         low, high = (value - half) * factor, (value + half) * factor
         plain = ["plain", "unitless"] if kind in {"ratio", "percent"} else ["plain"]
-        if self.holds(kind, low, high) or any(self.holds(p, value - half, value + half) for p in plain):
+        if self.holds(kind, low, high) or any(
+            self.holds(p, value - half, value + half) for p in plain
+        ):
             return True
         return kind == "percent" and any(
             self.holds(p, (value - half) / 100, (value + half) / 100) for p in plain
@@ -267,7 +270,9 @@ def load_quoted(path: Path) -> list[Quoted]:
     return quoted
 
 
-def unbacked(figures: list[Figure], pages: dict[str, Evidence], quoted: list[Quoted]) -> list[Figure]:
+def unbacked(
+    figures: list[Figure], pages: dict[str, Evidence], quoted: list[Quoted]
+) -> list[Figure]:
     """The figures no page, results file or quotation backs."""
     listed = {(q.path, q.figure) for q in quoted}
     missing: list[Figure] = []
@@ -320,8 +325,9 @@ def test_every_measured_figure_is_backed(pages: dict[str, Evidence], quoted: lis
 def test_every_quoted_figure_still_appears(quoted: list[Quoted]) -> None:
     written = {(f.path, f.text) for f in all_figures(ROOT)}
     stale = [q for q in quoted if (q.path, q.figure) not in written]
-    assert not stale, "quoted figures no longer in their file (drop them from the list):\n" + "\n".join(
-        f"  {q.path}: {q.figure}" for q in stale
+    assert not stale, (
+        "quoted figures no longer in their file (drop them from the list):\n"
+        + "\n".join(f"  {q.path}: {q.figure}" for q in stale)
     )
 
 
