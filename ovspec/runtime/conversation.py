@@ -84,6 +84,7 @@ class Conversation:
         self.tokens: list[int] = []  # everything said; the KV holds tokens[:live_tokens]
         self._marks: list[int] = []  # lengths at which the tokens are a cacheable prefix
         self._track: Track = open_track(loader)
+        self.fed_tokens = 0  # tokens put into the KV by this conversation, ever
 
     # -- state --------------------------------------------------------------------
 
@@ -143,10 +144,10 @@ class Conversation:
         began = time.perf_counter()
         boundaries_before = len(self._track.boundaries)
         slides: list[Slide] = []
-        live_before = self.live_tokens
+        fed_before = self.fed_tokens
         reused = self._reuse_prefix()
         logits = self._feed_pending(slides)
-        prefilled = len(self.tokens) - max(live_before, reused)
+        prefilled = self.fed_tokens - fed_before
         first_token_s = time.perf_counter() - began
         chooser = TokenChooser(config, self.tokens)
         stop_ids = config.stop_ids
@@ -250,15 +251,20 @@ class Conversation:
         live = self.live_tokens
         pending = self.tokens[live:]
         if len(pending) == 1 and live:
+            self.fed_tokens += 1
             return self._track.step(pending[0])
         logits = np.empty(0, np.float32)
         for mark in sorted(m for m in self._marks if m > self.live_tokens):
-            logits = self._track.extend(self.tokens[self.live_tokens : mark])
+            logits = self._extend(self.tokens[self.live_tokens : mark])
             if self.prefix_cache is not None:
                 self.prefix_cache.add(self.identity(), self.snapshot_at(mark))
         if self.live_tokens < len(self.tokens):
-            logits = self._track.extend(self.tokens[self.live_tokens :])
+            logits = self._extend(self.tokens[self.live_tokens :])
         return logits
+
+    def _extend(self, token_ids: Sequence[int]) -> np.ndarray:
+        self.fed_tokens += len(token_ids)
+        return self._track.extend(token_ids)
 
     def snapshot_at(self, length_tokens: int) -> Snapshot:
         """The snapshot of the first ``length_tokens``, all of them live."""
@@ -281,4 +287,4 @@ class Conversation:
         self._track.truncate(0)
         self.tokens = kept
         self._marks = [m for m in self._marks if m <= keep]
-        return self._track.extend(kept)
+        return self._extend(kept)
