@@ -1,0 +1,228 @@
+"""``ovspec chat``: an interactive chat in the terminal over one conversation whose KV is
+kept across turns, streaming each answer; ``/reset``, ``/save FILE``, ``/load FILE``,
+``/info`` (rung, KV and token counts) and ``/quit`` between turns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from ovspec.cli import cli, error_text
+from ovspec.cli.generate import sampling_options
+from ovspec.cli.options import (
+    cache_dir_option,
+    chunk_option,
+    device_options,
+    json_option,
+    ladder_option,
+    load_mode_option,
+    open_store,
+    remote_options,
+    tokens_range,
+)
+from ovspec.errors import OvspecError
+from ovspec.ladder import Ladder
+
+if TYPE_CHECKING:
+    from ovspec.runtime.chatting import ChatSession
+    from ovspec.runtime.sampling import GenerationConfig
+    from ovspec.store.remote import RemoteConfig
+
+HELP_LINE = "commands: /reset, /save FILE, /load FILE, /info, /quit"
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--system", default=None, help="A system prompt (kept once in the prefix cache).")
+@click.option(
+    "--session",
+    "session_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Continue the conversation saved in this file (/save writes one).",
+)
+@click.option(
+    "--max-new-tokens",
+    type=tokens_range(),
+    default=256,
+    show_default=True,
+    help="Tokens per answer at most.",
+)
+@click.option(
+    "--overflow",
+    type=click.Choice(("refuse", "slide")),
+    default="refuse",
+    show_default=True,
+    help="Past the top rung: refuse the turn, or keep the first --keep-first-tokens and the "
+    "most recent tokens and prefill them afresh.",
+)
+@click.option(
+    "--keep-first-tokens", type=click.IntRange(0), default=0, help="What a slide keeps first."
+)
+@ladder_option
+@chunk_option
+@load_mode_option
+@device_options
+@cache_dir_option
+@remote_options
+@click.option("--ignore-eos", is_flag=True, help="Answer --max-new-tokens even past EOS.")
+@sampling_options
+@json_option
+def chat(
+    model: str,
+    system: str | None,
+    session_file: Path | None,
+    overflow: str,
+    keep_first_tokens: int,
+    ladder: Ladder,
+    chunk_tokens: int,
+    load_mode: str | None,
+    device: str,
+    config: tuple[tuple[str, str], ...],
+    cache_dir: Path | None,
+    remote: RemoteConfig | None,
+    sampling: GenerationConfig,
+    as_json: bool,
+) -> None:
+    """Chat with MODEL (folder or .gguf with a chat template) in the terminal.
+
+    Each line you type is a user message; the answer streams as it comes. The KV is kept
+    between turns, so a turn prefills only its own tokens. With --json each turn is one
+    JSON line (text, token counts, rung) instead of streamed text.
+    """
+    from ovspec.ir.model_dir import resolve_model
+    from ovspec.runtime.chatting import ChatSession
+    from ovspec.runtime.conversation import Conversation
+    from ovspec.runtime.decoding import open as open_loader
+    from ovspec.runtime.prefixcache import PrefixCache
+    from ovspec.runtime.templating import ChatRenderer
+    from ovspec.runtime.textcodec import TextCodec, eos_token_ids
+    from ovspec.store.local import Store
+
+    store = open_store(cache_dir if cache_dir is not None else Store.default_root(), remote)
+    try:
+        model_dir = resolve_model(model, store.models_folder)
+        codec = TextCodec.for_model(model_dir, model)
+        settings = dataclasses.replace(sampling, eos_token_ids=eos_token_ids(model_dir))
+        renderer = ChatRenderer(model_dir, model)
+        with open_loader(
+            model_dir.root,
+            ladder=ladder,
+            device=device,
+            properties=dict(config),
+            store=store,
+            prefill_chunk_tokens=chunk_tokens,
+            load_mode=load_mode,
+        ) as loader:
+            conversation = Conversation(
+                loader, overflow, keep_first_tokens, prefix_cache=PrefixCache(store)
+            )
+            session = ChatSession(conversation, renderer, codec, system)
+            try:
+                if session_file is not None:
+                    session.load(session_file)
+                _loop(session, settings, as_json)
+            finally:
+                session.close()
+    finally:
+        store.close()
+
+
+def _loop(session: ChatSession, settings: GenerationConfig, as_json: bool) -> None:
+    if not as_json:
+        click.echo(HELP_LINE, err=True)
+    while True:
+        if not as_json:
+            click.echo("> ", nl=False)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        if text.startswith("/"):
+            if not _command(session, text, as_json):
+                break
+            continue
+        try:
+            turn, answer = session.say(
+                text, settings, None if as_json else lambda piece: click.echo(piece, nl=False)
+            )
+        except OvspecError as exc:
+            click.echo(f"ovspec: error: {error_text(exc)}", err=True)
+            continue
+        if as_json:
+            click.echo(
+                json.dumps(
+                    {
+                        "text": answer,
+                        "token_ids": list(turn.token_ids),
+                        "stop_reason": turn.stop_reason.value,
+                        "prefilled_tokens": turn.prefilled_tokens,
+                        "reused_tokens": turn.reused_tokens,
+                        "first_token_s": round(turn.first_token_s, 6),
+                        **_counts(session),
+                    }
+                )
+            )
+        else:
+            click.echo("")
+
+
+def _command(session: ChatSession, text: str, as_json: bool) -> bool:
+    """Run one /command; False ends the chat. A failed command is one line, the chat goes on."""
+    name, _, argument = text.partition(" ")
+    argument = argument.strip()
+    try:
+        if name == "/quit":
+            return False
+        if name == "/reset":
+            session.reset()
+            _say(as_json, {"reset": True}, "(conversation reset)")
+        elif name in ("/save", "/load") and not argument:
+            click.echo(f"ovspec: error: {name} needs a FILE", err=True)
+        elif name == "/save":
+            size = session.save(Path(argument))
+            _say(
+                as_json, {"saved": argument, "bytes": size}, f"(saved {size:,} bytes to {argument})"
+            )
+        elif name == "/load":
+            session.load(Path(argument))
+            counts = _counts(session)
+            _say(as_json, {"loaded": argument, **counts}, f"(loaded {argument}: {_info(counts)})")
+        elif name == "/info":
+            counts = _counts(session)
+            _say(as_json, counts, f"({_info(counts)})")
+        else:
+            click.echo(f"ovspec: error: unknown command {name}; {HELP_LINE}", err=True)
+    except OvspecError as exc:
+        click.echo(f"ovspec: error: {error_text(exc)}", err=True)
+    return True
+
+
+def _counts(session: ChatSession) -> dict[str, int]:
+    conversation = session.conversation
+    return {
+        "tokens": len(conversation.tokens),
+        "live_tokens": conversation.live_tokens,
+        "capacity_tokens": conversation.capacity_tokens,
+        "messages": len(session.messages),
+    }
+
+
+def _info(counts: dict[str, int]) -> str:
+    return (
+        f"{counts['tokens']} tokens, {counts['live_tokens']} in the KV on rung "
+        f"{counts['capacity_tokens']}, {counts['messages']} messages"
+    )
+
+
+def _say(as_json: bool, document: Mapping[str, object], text: str) -> None:
+    click.echo(json.dumps(document) if as_json else text)
