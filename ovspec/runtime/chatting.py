@@ -6,7 +6,7 @@ genai's chat does). A system prompt is the conversation's cacheable prefix.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ovspec.errors import BadRequestError
@@ -71,6 +71,16 @@ class ChatSession:
         answer = self._codec.decode(kept)
         self.messages = [*asked, {"role": "assistant", "content": answer}]
         return turn, answer
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text as token ids (no template): for appending raw text."""
+        ids = self._codec.encode(text)
+        if not ids:
+            raise BadRequestError(f"the text {text!r} encodes to no tokens; give some text")
+        return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._codec.decode(token_ids)
 
     def reset(self) -> None:
         self.conversation.reset()

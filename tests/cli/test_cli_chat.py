@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import ovspec.cli.commands  # noqa: F401 - registers the commands
 from ovspec.cli import cli
 
 LAUNCH = "from ovspec.cli import main; main()"
@@ -135,8 +136,16 @@ def test_generate_session_continues_a_saved_chat(qwen2_dir: Path, tmp_path: Path
     expected = [json.loads(line) for line in chatted.stdout.splitlines() if '"text"' in line][1]
     result = CliRunner().invoke(
         cli,
-        ["generate", str(qwen2_dir), "--chat", "Second message", "--session", str(saved)]
-        + [*common, "--json"],
+        [
+            "generate",
+            str(qwen2_dir),
+            "--chat",
+            "Second message",
+            "--session",
+            str(saved),
+            *common,
+            "--json",
+        ],
     )
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
