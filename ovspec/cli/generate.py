@@ -214,7 +214,7 @@ def generate(
             "give exactly one of PROMPT (text), --chat (a message) or --ids (token ids)"
         )
     if session_file is not None:
-        from ovspec.cli.chat import OpenSettings, continue_saved
+        from ovspec.cli.sessions import OpenSettings, continue_saved
 
         opening = OpenSettings(model, ladder, chunk_tokens, load_mode, device, config, cache_dir)
         continue_saved(session_file, prompt, chat, ids, opening, remote, sampling, as_json)
