@@ -5,6 +5,7 @@ from ovspec.cli import (  # noqa: F401
     bench,
     build,
     cache,
+    chat,
     doctor,
     generate,
     patch,

@@ -175,6 +175,13 @@ def sampling_options(func: F) -> F:
 @cache_dir_option
 @remote_options
 @click.option("--ignore-eos", is_flag=True, help="Generate --max-new-tokens even past EOS.")
+@click.option(
+    "--session",
+    "session_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Continue the conversation saved in this file (by `ovspec chat`'s /save).",
+)
 @sampling_options
 @json_option
 def generate(
@@ -194,6 +201,7 @@ def generate(
     remote: RemoteConfig | None,
     sampling: GenerationConfig,
     as_json: bool,
+    session_file: Path | None = None,
 ) -> None:
     """Generate from PROMPT (text), --chat or --ids with MODEL (folder, .gguf or builtin:PRESET).
 
@@ -205,6 +213,12 @@ def generate(
         raise click.UsageError(
             "give exactly one of PROMPT (text), --chat (a message) or --ids (token ids)"
         )
+    if session_file is not None:
+        from ovspec.cli.sessions import OpenSettings, continue_saved
+
+        opening = OpenSettings(model, ladder, chunk_tokens, load_mode, device, config, cache_dir)
+        continue_saved(session_file, prompt, chat, ids, opening, remote, sampling, as_json)
+        return
 
     from ovspec.ir.model_dir import resolve_model, writes_into_store
     from ovspec.runtime.decoding import Tuning

@@ -18,11 +18,13 @@ import openvino as ov
 from ovspec.compile.modes import LoadMode
 from ovspec.errors import CompileError, LadderError, openvino_message
 from ovspec.ir import paged as graph
+from ovspec.ir.model_dir import ModelDir
 from ovspec.ladder import Ladder
 from ovspec.runtime import vmem
 from ovspec.runtime.kvcache import Migration
 from ovspec.runtime.loader import EventKind, LoaderEvent, Policy
 from ovspec.runtime.session import BoundaryRecord, StepRecord
+from ovspec.store.local import Store
 
 # The CPU plugin's PagedAttention block: tokens per block of every cache array.
 BLOCK_TOKENS = 32
@@ -88,6 +90,11 @@ class BlockKV:
     def reserved_bytes(self) -> int:
         return sum(a.nbytes for a in self._arrays.values())
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Each cache input's ``[blocks, bytes]`` array (writes land in the KV); valid
+        until the next ``grow``."""
+        return dict(self._arrays)
+
     def spans(self) -> list[tuple[int, int]]:
         return [(a.ctypes.data, a.nbytes) for a in self._arrays.values()]
 
@@ -115,8 +122,13 @@ class PagedLoader:
         prefill_chunk_tokens: int,
         origin_s: float | None = None,
         on_close: Sequence[Callable[[], None]] = (),
+        model_dir: ModelDir | None = None,
+        store: Store | None = None,
     ) -> None:
         self.ladder = ladder
+        # What a saved session's key reads: the model's files and the store it lives in.
+        self.model_dir = model_dir
+        self.store = store
         self.device = device
         self.properties = dict(properties)
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -281,6 +293,10 @@ class PagedSequence:
         r.set_tensor(graph.BLOCK_INDICES, ov.Tensor(np.arange(blocks, dtype=np.int32)))
         r.set_tensor(graph.BLOCK_INDICES_BEGINS, ov.Tensor(np.array([0, blocks], np.int32)))
         r.set_tensor(graph.MAX_CONTEXT_LEN, ov.Tensor(np.array(total, np.int32)))
+
+    def grow_to(self, capacity_tokens: int) -> None:
+        """Move the KV to ``capacity_tokens`` now (a boundary), live blocks kept."""
+        self._grow(capacity_tokens)
 
     def _grow(self, capacity_tokens: int) -> None:
         began = time.perf_counter()

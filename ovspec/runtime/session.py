@@ -233,6 +233,14 @@ class DecodeSession:
         bound.mask[0, t] = 1
         return bound.logits(1)
 
+    def truncate(self, live_tokens: int) -> None:
+        """Keep only the first ``live_tokens`` of the KV (a conversation rewinding); the
+        decode request is bound again, its mask and live-length state from the KV."""
+        if not 0 <= live_tokens <= self.kv.live_tokens:
+            raise LadderError(f"cannot keep {live_tokens} of {self.kv.live_tokens} live tokens")
+        self.kv.live_tokens = live_tokens
+        self._decode = None
+
     def close(self) -> None:
         # Requests go before the KV arrays they point into.
         self._decode = None

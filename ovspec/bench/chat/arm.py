@@ -1,0 +1,116 @@
+"""One arm of the chat benchmark in a fresh process: a JSON request on argv, one JSON
+result on stdout. ``ovspec``: a ``Conversation`` on the paged path, then a second one that
+starts from the prefix cache, then a cold prefill of the system prompt alone; ``genai``:
+``LLMPipeline`` in chat mode (start_chat, generate per turn, finish_chat).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+
+def _turns(request: dict[str, Any]) -> list[list[int]]:
+    system, users = request["system_ids"], request["user_ids"]
+    return [[*system, *users[0]], *users[1:]]
+
+
+def _ovspec(request: dict[str, Any]) -> dict[str, Any]:
+    from ovspec.runtime.conversation import Conversation
+    from ovspec.runtime.decoding import open as open_loader
+    from ovspec.runtime.prefixcache import PrefixCache
+    from ovspec.runtime.sampling import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=request["answer_tokens"], ignore_eos=True)
+    system, users = request["system_ids"], request["user_ids"]
+    turns: list[dict[str, Any]] = []
+    with open_loader(
+        request["model_dir"],
+        ladder=request["ladder"],
+        store=request["store"],
+        prefill_chunk_tokens=request["chunk_tokens"],
+        properties=request["properties"],
+    ) as loader:
+        cache = PrefixCache()  # in memory: the figure is the hit, not the disk read
+        with Conversation(loader, prefix_cache=cache) as conversation:
+            conversation.append(system, cache_prefix=True)
+            for i, user in enumerate(users):
+                conversation.append(user)
+                turn = conversation.generate(config)
+                # A turn's own tokens: its message, and the system prompt (turn 1) or the
+                # last answer's final token (pending until now); the rest came before.
+                own = len(user) + (len(system) if i == 0 else 1)
+                new_boundaries = conversation.track.boundaries[-turn.boundaries :]
+                turns.append(
+                    {
+                        "first_token_s": turn.first_token_s,
+                        "prefilled_tokens": turn.prefilled_tokens,
+                        "earlier_refed_tokens": max(0, turn.prefilled_tokens - own),
+                        "boundary_wait_s": sum(
+                            b.program_wait_s for b in new_boundaries if turn.boundaries
+                        ),
+                        "capacity_tokens": turn.capacity_tokens,
+                        "token_ids": list(turn.token_ids),
+                    }
+                )
+        with Conversation(loader, prefix_cache=cache) as warm:
+            warm.append(system, cache_prefix=True)
+            warm.append(users[0])
+            hit = warm.generate(config)
+        with Conversation(loader) as cold:
+            cold.append(system)
+            cold_prefill = cold.generate(config)
+    return {
+        "turns": turns,
+        "prefix_hit_first_token_s": hit.first_token_s,
+        "prefix_hit_reused_tokens": hit.reused_tokens,
+        "cold_system_prefill_s": cold_prefill.first_token_s,
+    }
+
+
+def _genai(request: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    pipe = openvino_genai.LLMPipeline(request["model_dir"], "CPU", **request["properties"])
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = request["answer_tokens"]
+    config.ignore_eos = True
+    config.do_sample = False
+    config.apply_chat_template = False
+    turns: list[dict[str, Any]] = []
+    pipe.start_chat()
+    for ids in _turns(request):
+        first: list[float] = []
+        began = time.perf_counter()
+
+        def on_token(_token: Any, first: list[float] = first, began: float = began) -> bool:
+            if not first:
+                first.append(time.perf_counter() - began)
+            return False
+
+        array = np.array(ids, dtype=np.int64)[None]
+        inputs = openvino_genai.TokenizedInputs(ov.Tensor(array), ov.Tensor(np.ones_like(array)))
+        out = pipe.generate(inputs, config, streamer=on_token)
+        turns.append({"first_token_s": first[0], "token_ids": [int(t) for t in out.tokens[0]]})
+    pipe.finish_chat()
+    return {"turns": turns}
+
+
+def run(request: dict[str, Any]) -> dict[str, Any]:
+    began = time.perf_counter()
+    result = _ovspec(request) if request["arm"] == "ovspec" else _genai(request)
+    result["wall_s"] = time.perf_counter() - began
+    return result
+
+
+def main(argv: Sequence[str]) -> None:
+    print(json.dumps(run(json.loads(argv[0]))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Chat benchmark: a 10-turn conversation with a 1,000-token system prompt, ovspec's kept
+conversation and prefix cache against openvino-genai's chat mode on the same IR.
+Regenerates docs/benchmarks/chat.md and docs/benchmarks/results/chat.json:
+
+    python tools/bench_chat.py --model smollm2 --repetitions 5            # ~4 min quiet
+    python tools/bench_chat.py --model builtin:qwen2.5-0.5b --repetitions 5 --out /tmp/c
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import _this_checkout  # noqa: F401  (before any ovspec import)
+import click
+
+from ovspec.bench.chat.page import render
+from ovspec.bench.chat.runner import PAGE, ChatConfig, run_chat
+from ovspec.bench.common.pages import results_path
+from ovspec.bench.common.records import DEFAULT_MODELS_DIR
+from ovspec.cli import tool_errors
+
+PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", default="smollm2", show_default=True, help="smollm2 or a model.")
+@click.option("--ladder", default="1024,2048,4096", show_default=True)
+@click.option("--system-tokens", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--turns", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--user-tokens", type=click.IntRange(min=1), default=40, show_default=True)
+@click.option("--answer-tokens", type=click.IntRange(min=1), default=60, show_default=True)
+@click.option("--repetitions", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--chunk", "chunk_tokens", type=click.IntRange(min=1), default=512)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_MODELS_DIR.parent / "chat",
+    show_default=True,
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=PAGES,
+    show_default=True,
+    help="Where chat.md and results/chat.json go.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the results document too.")
+def main(
+    model: str,
+    ladder: str,
+    system_tokens: int,
+    turns: int,
+    user_tokens: int,
+    answer_tokens: int,
+    repetitions: int,
+    chunk_tokens: int,
+    work_dir: Path,
+    out: Path,
+    as_json: bool,
+) -> None:
+    with tool_errors("bench_chat"):
+        config = ChatConfig(
+            model, ladder, system_tokens, turns, user_tokens, answer_tokens, repetitions,
+            chunk_tokens,
+        )  # fmt: skip
+        results = run_chat(config, work_dir, {}, lambda m: click.echo(m, err=True))
+        results["command"] = "python tools/bench_chat.py " + " ".join(sys.argv[1:])
+        # Registered in bench/common/pages.py once a full-size run is committed (the pages
+        # test wants every registered page's results in docs/benchmarks/results/).
+        data = results_path(out, PAGE)
+        data.parent.mkdir(parents=True, exist_ok=True)
+        data.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        text = render(results)
+        (out / f"{PAGE}.md").write_text(text, encoding="utf-8")
+        click.echo(json.dumps(results, indent=1) if as_json else text)
+
+
+if __name__ == "__main__":
+    main()
