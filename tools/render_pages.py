@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Re-render benchmark pages from their committed results, running no benchmark:
 
-    python tools/render_pages.py              # every page in docs/benchmarks
-    python tools/render_pages.py --check      # exit 1 if a page differs from its results
-    python tools/render_pages.py --page kv --json
+python tools/render_pages.py              # every page in docs/benchmarks
+python tools/render_pages.py --check      # exit 1 if a page differs from its results
+python tools/render_pages.py --page kv --json
 """
 
 from __future__ import annotations
