@@ -7,12 +7,17 @@ ratio with its interval that most verdicts read.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from scipy import stats as sps
+
 from ovspec.errors import TrialError
-from ovspec.stats.paired import summarize_pairs
+from ovspec.stats.paired import DEFAULT_CONFIDENCE, IDENTICAL_DIFF_RTOL, summarize_pairs
+
+CONFIDENCE = DEFAULT_CONFIDENCE
 
 
 class Verdict(Enum):
@@ -94,17 +99,13 @@ def paired_ratio(pairs: Sequence[tuple[float, float]]) -> Interval | None:
     do not vary (no interval)."""
     if len(pairs) < 2 or any(a <= 0 or b <= 0 for a, b in pairs):
         return None
-    try:
-        summary = summarize_pairs(
-            [math.log(a) for a, _ in pairs], [math.log(b) for _, b in pairs], unit="ln"
-        )
-    except TrialError:
+    logs = [math.log(b / a) for a, b in pairs]
+    spread = statistics.stdev(logs)
+    if spread <= IDENTICAL_DIFF_RTOL * max(abs(x) for x in logs) or spread == 0.0:
         return None
-    return Interval(
-        math.exp(summary.mean_diff),
-        math.exp(summary.t_test.ci_low),
-        math.exp(summary.t_test.ci_high),
-    )
+    mean = statistics.fmean(logs)
+    half = float(sps.t.ppf(0.5 + CONFIDENCE / 2, len(logs) - 1)) * spread / math.sqrt(len(logs))
+    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half))
 
 
 def paired_relative_change(pairs: Sequence[tuple[float, float]]) -> Interval | None:
