@@ -7,6 +7,7 @@ compile/export/import seconds and blob bytes; key derivation cold and memoized; 
 against one full blob and the model's weights. Prints figures; asserts nothing on time.
 
     python tools/bench_build.py --repeats 3            # ~0.5B-shaped built-in model
+    python tools/bench_build.py --repeats 3 --write docs/benchmarks   # the committed page
     python tools/bench_build.py --model /path/to/ir --json
 """
 
@@ -22,8 +23,10 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
+from ovspec.bench.build.page import PAGE
 from ovspec.bench.build.report import format_report
 from ovspec.bench.build.runner import Settings, run_benchmark
+from ovspec.bench.common.pages import write_page
 from ovspec.bench.common.records import DEFAULT_MODELS_DIR
 from ovspec.cli import tool_errors
 from ovspec.cli.options import chunk_option, device_options, ladder_option, phases_option
@@ -82,6 +85,14 @@ from ovspec.ladder import Ladder
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @click.option(
+    "--write",
+    "pages_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also save results/build.json under this folder and render build.md from it "
+    "(docs/benchmarks for the committed page).",
+)
+@click.option(
     "--json-out",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -100,6 +111,7 @@ def main(
     work_dir: Path,
     cli: bool,
     as_json: bool,
+    pages_dir: Path | None,
     json_out: Path | None,
 ) -> None:
     """Benchmark building a ladder of specializations: compile, export, import, keys,
@@ -127,6 +139,8 @@ def main(
     with tool_errors("bench_build: error"):
         report = run_benchmark(settings, command, say)
     document = json.dumps(report.to_json(), indent=2)
+    if pages_dir is not None:
+        write_page(pages_dir, PAGE, report.to_json())
     if json_out is not None:
         json_out.write_text(document + "\n", encoding="utf-8")
     if as_json:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Remote tier benchmark: a second machine's spawn -> first token with a warm remote vs a
-cold compile vs a warm local store, as paired ratios in one run, and the bytes a ladder
-moves. Starts its own SeaweedFS on 127.0.0.1; writes docs/benchmarks/results/remote.json
-and renders docs/benchmarks/remote.md from it.
+"""Remote tier benchmark: a fresh store's spawn -> first token with a warm remote (a second
+machine, simulated on this host) vs a cold compile vs a warm local store, as paired ratios
+in one run, and the bytes a ladder moves. Starts its own SeaweedFS on 127.0.0.1; writes
+docs/benchmarks/results/remote.json and renders docs/benchmarks/remote.md from it.
 
     python tools/bench_remote.py                         # the 0.5B-shaped built-in model
     python tools/bench_remote.py --model builtin:tiny --ladder 32,64 --repeats 1 --pages-dir /tmp/p
@@ -58,9 +58,9 @@ PAGES_DIR = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 @click.option(
     "--repeats",
     type=click.IntRange(min=1),
-    default=5,
+    default=6,
     show_default=True,
-    help="Repeats of the three arms (rotated order).",
+    help="Repeats of the three arms (rotated order; a multiple of 3 balances positions).",
 )
 @click.option(
     "--work-dir",

@@ -113,3 +113,35 @@ def test_the_report_has_every_table_and_note() -> None:
     assert "  store.check() (full): a problem" in text
     assert "full / weightless ladder bytes = 2,147,484" in text
     assert lines[-1] == "  after build: 3.00 GiB"
+
+
+def test_the_build_page_is_computed_from_samples_not_stored_medians() -> None:
+    """The committed page renders from results/build.json's samples: rewriting every
+    stored median and range changes nothing, changing one sample changes the page."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from ovspec.bench.common import pages
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+    document = json.loads(pages.results_path(docs, "build").read_text(encoding="utf-8"))
+    text = pages.renderer("build")(document)
+    assert text == (docs / "build.md").read_text(encoding="utf-8")
+
+    def scrub(value: object) -> None:
+        if isinstance(value, dict):
+            if "samples" in value:
+                value.update(median=-1.0, low=-1.0, high=-1.0, n=99)
+            for child in value.values():
+                scrub(child)
+        elif isinstance(value, list):
+            for child in value:
+                scrub(child)
+
+    scrubbed = copy.deepcopy(document)
+    scrub(scrubbed)
+    assert pages.renderer("build")(scrubbed) == text
+    changed = copy.deepcopy(document)
+    changed["ladders"][0]["cold_build_s"]["samples"][0] = 1234.5
+    assert "1234.5" in pages.renderer("build")(changed).replace("1,234.5", "1234.5")

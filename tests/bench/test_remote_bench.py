@@ -30,7 +30,7 @@ def fake_results(first_token_s: dict[str, list[float]]) -> dict[str, object]:
         {
             "arm": arm,
             "repeat": k,
-            "position": 0,
+            "position": ([a.value for a in Arm].index(arm) - k) % len(Arm),  # as _order
             "first_token_s": s,
             "exit_s": s + 0.3,
             "token": "7",
@@ -80,12 +80,26 @@ def test_ratios_are_paired_within_each_repeat() -> None:
         {"cold": [10.0, 20.0], "warm_remote": [2.0, 5.0], "warm_local": [1.0, 4.0]}
     )
     s = summarize(results)
-    assert s["cold_over_remote"].samples == (5.0, 4.0)
-    assert s["remote_over_local"].samples == (2.0, 1.25)
+    assert s["cold_over_remote"][0].samples == (5.0, 4.0)
+    assert s["remote_over_local"][0].samples == (2.0, 1.25)
     assert s["first_token_s"]["cold"].median == 15.0
+    interval = s["cold_over_remote"][1]
+    assert interval is not None and abs(interval.estimate - (5.0 * 4.0) ** 0.5) < 1e-9
+    assert interval.low < 4.0 and interval.high > 5.0  # two pairs: a wide interval
     page = render(results)
-    assert "cold compile / warm remote: **4.50 (4.00–5.00)×**" in page
+    assert "cold compile / warm remote: 4.47× [95% CI " in page
+    assert "per repeat 4.50 (4.00–5.00)×" in page
     assert "do not edit" in page
+    assert "One host" in page and "second machine all ran on this machine" in page
+
+
+def test_the_page_names_the_order_the_arms_ran_in() -> None:
+    times = {"cold": [1.0, 2.0], "warm_remote": [1.0, 1.0], "warm_local": [1.0, 1.0]}
+    two = render(fake_results(times))
+    assert "positions are not balanced" in two
+    times = {"cold": [3.0, 2.0, 4.0], "warm_remote": [1.0, 1.5, 1.2], "warm_local": [1.0, 1.1, 1.3]}
+    three = render(fake_results(times))
+    assert "each arm ran 1 times in each position" in three
 
 
 def test_the_committed_page_is_rendered_from_its_results() -> None:

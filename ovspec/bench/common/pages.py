@@ -22,7 +22,9 @@ from ovspec.errors import BadRequestError
 # benchmark page adds its line. Imported lazily: a renderer may pull in heavy modules
 # the others do not need.
 RENDERERS: dict[str, str] = {
+    "ab-compile": "ovspec.bench.abcompile.page:render",
     "bench": "ovspec.bench.protocols.page:render",
+    "build": "ovspec.bench.build.page:render",
     "kv": "ovspec.bench.kv.page:render",
     "long-context": "ovspec.bench.long.page:render",
     "overlap": "ovspec.bench.overlap.analysis:render",

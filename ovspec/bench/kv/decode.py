@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,20 +344,39 @@ class BandComparison:
     arm_faster_steps: int
 
 
+def step_passes(run: DecodeRun) -> list[dict[str, dict[str, Sequence[float]]]]:
+    """Every pass's steps per arm as plain lists (live tokens before the step, inference
+    seconds): what a results document keeps so its bands can be recomputed."""
+    return [
+        {arm: {"live": list(t.step_live), "infer_s": list(t.step_infer_s)} for arm, t in p.items()}
+        for p in [run.traces, *run.speed_traces]
+    ]
+
+
 def compare_bands(run: DecodeRun, arm: str) -> list[BandComparison]:
     """Per band, the arm's decode steps against copy-and-grow's at the same tokens, over
     every pass that ran the arm (each pass's tokens pair within the pass)."""
-    passes = [run.traces] + [t for t in run.speed_traces if arm in t]
-    edges = [0, *run.config.ladder]
+    return bands_from_steps(step_passes(run), list(run.config.ladder), arm)
+
+
+def bands_from_steps(
+    passes: Sequence[Mapping[str, Mapping[str, Sequence[float]]]],
+    ladder: Sequence[int],
+    arm: str,
+) -> list[BandComparison]:
+    """``compare_bands`` over saved steps (``step_passes``' form)."""
+    edges = [0, *ladder]
     rows = []
     for low, high in itertools.pairwise(edges):
         a: list[float] = []
         b: list[float] = []
-        for traces in passes:
-            copy, other = traces[COPY], traces[arm]
-            index = [i for i, live in enumerate(copy.step_live) if low <= live < high]
-            a += [copy.step_infer_s[i] for i in index]
-            b += [other.step_infer_s[i] for i in index]
+        for steps in passes:
+            if arm not in steps:
+                continue
+            copy, other = steps[COPY], steps[arm]
+            index = [i for i, live in enumerate(copy["live"]) if low <= live < high]
+            a += [copy["infer_s"][i] for i in index]
+            b += [other["infer_s"][i] for i in index]
         if len(a) < 2:
             continue
         try:

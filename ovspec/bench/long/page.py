@@ -78,9 +78,31 @@ def render(results: Mapping[str, Any]) -> str:
         "",
     ]
     cases = results["cases"]
-    for name in results.get("case_order") or sorted(cases):
+    order = results.get("case_order") or sorted(cases)
+    lines[4:4] = [*(_summary(name, cases[name]) for name in order), ""]
+    for name in order:
         lines += _case(name, cases[name])
     return "\n".join(lines) + "\n"
+
+
+def _summary(name: str, case: Mapping[str, Any]) -> str:
+    """One line per case: each figure's ratio to genai, its interval and its verdict."""
+    config, runs = case["config"], case["runs"]
+    prompt = config["prompt_tokens"]
+    bands = paired_band_ratios(runs, OVSPEC_ARM, prompt, config["bands"])
+    figures = [
+        ("first token", paired_ratio(runs, OVSPEC_ARM, _first_token_s), FIRST_TOKEN_TARGET),
+        *((f"decode {lo}–{hi}", bands[f"{lo}-{hi}"], DECODE_TARGET) for lo, hi in config["bands"]),
+        ("peak RSS", paired_ratio(runs, OVSPEC_ARM, _rss_mib), RSS_TARGET),
+    ]
+    return (
+        f"- `{name}`, {OVSPEC_ARM} / genai: "
+        + "; ".join(
+            f"{label} {_ratio_cell(ratio)} (≤ {target:.2f}×: {verdict(ratio, target)})"
+            for label, ratio, target in figures
+        )
+        + "."
+    )
 
 
 def _case(name: str, case: Mapping[str, Any]) -> list[str]:

@@ -292,10 +292,10 @@ class Agreement:
     min_cosine: float
 
 
-def boundary_agreement(result: BenchResult, variant: str, protocol: Protocol) -> Agreement:
-    """Top-1 and cosine of ``protocol``'s boundary logits against the control's."""
-    compared = equal = 0
-    min_cos = 1.0
+def boundary_logits(result: BenchResult, variant: str, protocol: Protocol) -> list[dict[str, Any]]:
+    """Per boundary position of every run of ``protocol``: whether its top-1 equals the
+    control's of the same repetition, and the cosine of the two logits vectors."""
+    out: list[dict[str, Any]] = []
     controls = {r.figures.repetition: r for r in result.select(variant, CONTROL)}
     for run in result.select(variant, protocol):
         control = controls.get(run.figures.repetition)
@@ -308,11 +308,28 @@ def boundary_agreement(result: BenchResult, variant: str, protocol: Protocol) ->
                 if j is None:
                     continue
                 a, b = mine["logits"][i], theirs["logits"][j]
-                compared += 1
-                equal += int(np.argmax(a) == np.argmax(b))
                 cos = float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
-                min_cos = min(min_cos, cos)
-    return Agreement(protocol.value, variant, compared, equal, min_cos)
+                out.append(
+                    {
+                        "repetition": run.figures.repetition,
+                        "position": int(pos),
+                        "top1_equal": bool(np.argmax(a) == np.argmax(b)),
+                        "cosine": cos,
+                    }
+                )
+    return out
+
+
+def boundary_agreement(result: BenchResult, variant: str, protocol: Protocol) -> Agreement:
+    """Top-1 and cosine of ``protocol``'s boundary logits against the control's."""
+    rows = boundary_logits(result, variant, protocol)
+    return Agreement(
+        protocol.value,
+        variant,
+        len(rows),
+        sum(r["top1_equal"] for r in rows),
+        min((r["cosine"] for r in rows), default=1.0),
+    )
 
 
 PAIRED_FIGURES = ("foreground_s", "critical_path_s", "decode_s")

@@ -161,9 +161,9 @@ def sharing(runs: Runs, cfg: Mapping[str, Any], arms: Sequence[str]) -> list[str
         "priority (nice 10) on the same cores, so the decode wins them and the build gets "
         "what is left (eager protocols also build two graphs at once in their foreground); "
         "split, the decode has one core and one thread, and a build has a whole core of its "
-        "own: measured inside one decode process, a build on the host core did not change "
-        "the step measurably (an import loop: under 3%), so I2 − I1 decode under the split "
-        "is mostly the machine's run-to-run drift, which its CI shows (DESIGN §10.16). So "
+        "own (what host-core work costs the split's decode is measured on its own page, "
+        "[overlap.md](overlap.md)), so I2 − I1 decode under the split is mostly the "
+        "machine's run-to-run drift, which its CI shows. So "
         "the cost of sharing is the first column pair (positive: sharing is slower), and "
         "the split's price is its one decode core.",
     ]
@@ -208,11 +208,31 @@ def bands(document: Mapping[str, Any], runs: Runs, arm: str) -> list[str]:
     return lines
 
 
+def agreement_counts(document: Mapping[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per arm and protocol: boundaries compared, top-1 equal, the lowest cosine. Counted
+    from every boundary's record; results from before those were kept give the counts."""
+    records = document.get("boundary_logits")
+    if records is None:
+        counts: dict[str, dict[str, dict[str, Any]]] = document["agreement"]
+        return counts
+    return {
+        arm: {
+            protocol: {
+                "compared": len(rows),
+                "top1_equal": sum(bool(r["top1_equal"]) for r in rows),
+                "min_cosine": min((float(r["cosine"]) for r in rows), default=float("nan")),
+            }
+            for protocol, rows in per.items()
+        }
+        for arm, per in records.items()
+    }
+
+
 def agreement(document: Mapping[str, Any]) -> list[str]:
     lines = ["| arm | protocol | top-1 equal | min cosine |", "|---|---|---|---|"]
     # Sorted: the results file is saved with sorted keys, so the page must not depend on
     # the order the run filled them in.
-    for arm, per in sorted(document["agreement"].items()):
+    for arm, per in sorted(agreement_counts(document).items()):
         for protocol, a in sorted(per.items()):
             lines.append(
                 f"| {arm} | {protocol} | {a['top1_equal']}/{a['compared']} | "

@@ -1,2 +1,3 @@
-"""The remote tier benchmark (tools/bench_remote.py): a second machine's time to first
-token with a warm remote, against a cold compile and a warm local store."""
+"""The remote tier benchmark (tools/bench_remote.py): a fresh store's time to first token
+with a warm remote (a second machine, simulated on one host), against a cold compile and a
+warm local store."""

@@ -1,5 +1,6 @@
-"""The remote tier benchmark: a second machine's time to first token with a warm remote,
-against a cold compile and a warm local store, as paired ratios in one run.
+"""The remote tier benchmark: a fresh store's time to first token with a warm remote (a
+second machine, simulated on this host), against a cold compile and a warm local store,
+as paired ratios in one run.
 
 Machine A builds a ladder into its store with a remote behind it (compile + upload).
 Then each repeat spawns three fresh ``ovspec generate`` processes, in rotated order:
@@ -130,7 +131,8 @@ def _counters(store_dir: Path) -> tuple[int, int, int, int]:
 
 
 def _order(repeat: int) -> list[Arm]:
-    """A 3x3 Latin square, row by repeat: each arm runs first, second and third equally."""
+    """The arms rotated by one each repeat: over a multiple of 3 repeats each arm runs
+    first, second and third equally often (the page says when it did not)."""
     arms = list(Arm)
     shift = repeat % len(arms)
     return arms[shift:] + arms[:shift]

@@ -2,10 +2,8 @@
 same IR, device and exact properties, side by side in one run.
 
 Owns the plan (arms, interleaved rounds with the order rotated and reversed, a fresh
-process per run via ``speed.arm``), the figures (ms/token per context band with the
-ratio to genai at the same live context, identical tokens, spawn -> first token, peak
-VmHWM / PSS / private memory, the eager protocol's memory) and the results document
-``speed.page`` renders into ``docs/benchmarks/speed.md``.
+process per run via ``speed.arm``) and one run's results: every run's token times and
+ids, memory peaks and loads, kept whole; ``speed.page`` computes every figure from them.
 """
 
 from __future__ import annotations
@@ -13,12 +11,11 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,7 +23,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ovspec.bench.speed.arm import RESULT_PREFIX, ArmRequest
-from ovspec.bench.speed.stats import band_ms
 from ovspec.errors import BadRequestError, TrialError
 from ovspec.ladder import Ladder
 
@@ -296,7 +292,6 @@ def run_speed(
         },
         "environment": _plain(env),
         "wall_s": time.perf_counter() - began,
-        "summary": summarize(runs, config.prompt_tokens, config.bands()),
         # Per run: token times and ids kept (the bands and the token comparison are
         # recomputable from them).
         "runs": [_slim(run) for run in runs],
@@ -314,42 +309,3 @@ def _plain(value: Any) -> Any:
     from dataclasses import asdict, is_dataclass
 
     return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
-
-
-def summarize(
-    runs: Sequence[Mapping[str, Any]], prompt_tokens: int, bands: Sequence[Sequence[int]]
-) -> dict[str, Any]:
-    """Medians per arm, ratios to genai per band, and whether tokens match genai's."""
-    reference = next((r["token_ids"] for r in runs if r["arm"] == "genai"), None)
-    out: dict[str, Any] = {}
-    for name in dict.fromkeys(r["arm"] for r in runs):
-        mine = [r for r in runs if r["arm"] == name]
-        per_band = {}
-        for lo, hi in bands:
-            values = [band_ms(r["token_s"], prompt_tokens, (lo, hi)) for r in mine]
-            kept = [v for v in values if v is not None]
-            per_band[f"{lo}-{hi}"] = statistics.median(kept) if kept else None
-        identical = [
-            reference is not None and r["token_ids"] == reference[: len(r["token_ids"])]
-            for r in mine
-        ]
-        out[name] = {
-            "n": len(mine),
-            "band_ms": per_band,
-            "first_token_s": statistics.median(r["token_s"][0] for r in mine),
-            "done_s": statistics.median(r["done_s"] for r in mine),
-            "vm_hwm_mib": statistics.median(r["vm_hwm_mib"] for r in mine),
-            "peak_pss_mib": statistics.median(r["peak_pss_mib"] for r in mine),
-            "peak_anon_mib": statistics.median(r["peak_anon_mib"] for r in mine),
-            "tokens_identical": all(identical),
-            "boundary_wait_s": max(max(r.get("boundary_wait_s") or [0.0]) for r in mine),
-        }
-    genai = out.get("genai")
-    for figures in out.values():
-        figures["band_ratio"] = {
-            band: (ms / genai["band_ms"][band])
-            if genai and ms is not None and genai["band_ms"].get(band)
-            else None
-            for band, ms in figures["band_ms"].items()
-        }
-    return out

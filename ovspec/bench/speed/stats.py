@@ -9,10 +9,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from ovspec.errors import TrialError
-from ovspec.stats.paired import summarize_pairs
+from ovspec.bench.common.verdicts import paired_ratio as paired_ratio_interval
 
 
 def band_ms(token_s: Sequence[float], prompt_tokens: int, band: tuple[int, int]) -> float | None:
@@ -86,17 +83,11 @@ def paired_ratio(
 
 
 def _log_ratio_summary(pairs: Sequence[tuple[float, float]]) -> dict[str, Any] | None:
-    if len(pairs) < 2:
-        return None
-    ratios = [b / a for a, b in pairs]
-    try:
-        summary = summarize_pairs(
-            [float(np.log(a)) for a, _ in pairs], [float(np.log(b)) for _, b in pairs], unit="ln ms"
-        )
-    except TrialError:  # identical ratios: no interval
+    interval = paired_ratio_interval(pairs)
+    if interval is None:
         return None
     return {
-        "ratio": float(np.exp(summary.mean_diff)),
-        "ci": [float(np.exp(summary.t_test.ci_low)), float(np.exp(summary.t_test.ci_high))],
-        "per_repetition": ratios,
+        "ratio": interval.estimate,
+        "ci": [interval.low, interval.high],
+        "per_repetition": [b / a for a, b in pairs],
     }

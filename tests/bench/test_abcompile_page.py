@@ -1,0 +1,63 @@
+"""The ab-compile page is computed from the trials' raw run records: the blob gate and
+the paired figures follow the records, and the tool writes a page its results render."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from ovspec.bench.common import pages
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_abcompile.py"
+
+
+def _document() -> dict[str, object]:
+    data: dict[str, object] = json.loads(
+        pages.results_path(DOCS, "ab-compile").read_text(encoding="utf-8")
+    )
+    return data
+
+
+def test_the_gate_follows_the_recorded_blob_hashes() -> None:
+    document = _document()
+    text = pages.renderer("ab-compile")(document)
+    assert "| decode@32 | 3/3 | 1 | 1 | identical |" in text  # the neutral control
+    changed = copy.deepcopy(document)
+    trial = changed["trials"][0]  # type: ignore[index]
+    measured_b = [r for r in trial["runs"] if r["arm"] == "B" and not r["warmup"]]
+    measured_b[0]["blob_xxh3"] = "0" * 32
+    text = pages.renderer("ab-compile")(changed)
+    assert "| mixed |" in text
+
+
+def test_a_compile_time_difference_is_read_from_its_interval() -> None:
+    document = copy.deepcopy(_document())
+    trial = document["trials"][0]  # type: ignore[index]
+    for k, run in enumerate(trial["runs"]):
+        run["wall_s"] = 1.0 + (0.5 + 0.01 * (k % 3) if run["arm"] == "B" else 0.0)
+    text = pages.renderer("ab-compile")(document)
+    summary = next(x for x in text.splitlines() if x.startswith("- Blob-neutral control"))
+    assert "B slower: the whole 95% interval is above 0" in summary
+    assert "too few to lean on" in summary  # 3 pairs: the sign-flip p cannot go below 0.25
+
+
+def test_the_tool_writes_a_page_from_its_trials(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(TOOL), "--model", "builtin:tiny", "--rungs", "32", "--pairs", "2",
+         "--out", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-800:]
+    written = json.loads(out.stdout)
+    results = json.loads(Path(written["results"]).read_text(encoding="utf-8"))
+    assert [t["header"]["kind"] for t in results["trials"]] == ["header", "header"]
+    for trial in results["trials"]:
+        assert len(trial["runs"]) == (2 + 1) * 2  # pairs plus the warm-up, two arms
+    text = Path(written["page"]).read_text(encoding="utf-8")
+    assert text == pages.render_saved(tmp_path, "ab-compile")
+    assert "| decode@32 | 2/2 | 1 | 1 | identical |" in text
+    assert "| decode@32 | 0/2 | 1 | 1 | different |" in text
