@@ -150,6 +150,17 @@ class ContinuousBatcher:
     def submit(self, request: BatchRequest, on_token: TokenCallback | None = None) -> int:
         """Queue ``request``; its id. A prompt the model or the ladder cannot take is a
         ``BadRequestError`` here, before it waits."""
+        self.check(request)
+        sequence = _Sequence(
+            self._next_id, request, TokenChooser(request.config, request.prompt_ids), on_token
+        )
+        self._next_id += 1
+        self._waiting.append(sequence)
+        return sequence.id
+
+    def check(self, request: BatchRequest) -> None:
+        """Refuse a request the model or the ladder cannot take (``BadRequestError``);
+        reads only what never changes, so any thread may call it."""
         check_prompt_ids(request.prompt_ids, self.vocab_tokens, self.ladder.top_tokens)
         if request.worst_kv_tokens > self.ladder.top_tokens:
             raise BadRequestError(
@@ -158,12 +169,6 @@ class ContinuousBatcher:
                 f"positions, over the top rung {self.ladder.top_tokens}; lower "
                 f"{arg('max_new_tokens')} or extend {arg('ladder')}"
             )
-        sequence = _Sequence(
-            self._next_id, request, TokenChooser(request.config, request.prompt_ids), on_token
-        )
-        self._next_id += 1
-        self._waiting.append(sequence)
-        return sequence.id
 
     def cancel(self, sequence_id: int) -> None:
         """End a waiting or running sequence at the next step (its blocks go back)."""
