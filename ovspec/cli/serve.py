@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,6 +24,9 @@ from ovspec.cli.options import (
     model_folder,
 )
 from ovspec.ladder import Ladder
+
+if TYPE_CHECKING:
+    from ovspec.serve.engine import EngineStats
 
 API_KEY_ENV = "OVSPEC_API_KEY"
 
@@ -132,4 +136,15 @@ def serve(
         else:
             click.echo(f"ovspec serve: {name} on {url} ({max_sequences} sequences)", err=True)
 
-    run_server(options, ready)
+    def stopped(stats: EngineStats) -> None:
+        summary = {"generated_tokens": stats.generated_tokens, "cancelled": stats.cancelled}
+        if as_json:
+            click.echo(json.dumps({"stopped": True, **summary}))
+        else:
+            click.echo(
+                f"ovspec serve: stopped after {stats.generated_tokens} tokens "
+                f"({stats.cancelled} sequences cancelled)",
+                err=True,
+            )
+
+    run_server(options, ready, stopped)

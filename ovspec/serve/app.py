@@ -22,7 +22,13 @@ from starlette.exceptions import HTTPException
 
 from ovspec.errors import BadRequestError, OvspecError
 from ovspec.runtime.batching import BatchRequest
-from ovspec.serve.engine import Engine, OverloadedError, ShuttingDownError, Ticket
+from ovspec.serve.engine import (
+    Engine,
+    EngineStats,
+    OverloadedError,
+    ShuttingDownError,
+    Ticket,
+)
 from ovspec.serve.metrics import CONTENT_TYPE, metrics_text
 from ovspec.serve.protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -101,8 +107,14 @@ class RequestGuard:
         await self.app(scope, bounded, send)
 
 
-def create_app(engine: Engine, text: ModelText, settings: ServerSettings) -> FastAPI:
-    """The app over a started ``engine``; its shutdown closes the engine."""
+def create_app(
+    engine: Engine,
+    text: ModelText,
+    settings: ServerSettings,
+    on_stopped: Callable[[EngineStats], None] | None = None,
+) -> FastAPI:
+    """The app over a started ``engine``; its shutdown closes the engine, then tells
+    ``on_stopped`` what the engine did."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -110,6 +122,8 @@ def create_app(engine: Engine, text: ModelText, settings: ServerSettings) -> Fas
             yield
         finally:
             await run_in_threadpool(engine.close)
+            if on_stopped is not None:
+                on_stopped(engine.stats())
 
     app = FastAPI(title="ovspec", lifespan=lifespan)
     _error_handlers(app)

@@ -21,7 +21,7 @@ from ovspec.runtime.decoding import open as open_loader
 from ovspec.runtime.options import DEFAULT_LADDER, DEFAULT_PREFILL_CHUNK_TOKENS
 from ovspec.runtime.paged import PagedLoader
 from ovspec.serve.app import ServerSettings, create_app
-from ovspec.serve.engine import Engine
+from ovspec.serve.engine import Engine, EngineStats
 from ovspec.serve.text import ModelText
 
 
@@ -48,7 +48,9 @@ class ServeOptions:
             )
 
 
-def build_app(options: ServeOptions) -> FastAPI:
+def build_app(
+    options: ServeOptions, on_stopped: Callable[[EngineStats], None] | None = None
+) -> FastAPI:
     """The app over a started engine: the batched graph is compiled when this returns."""
     text = ModelText(options.model_dir, options.settings.model_name)
     loader = open_loader(
@@ -68,7 +70,7 @@ def build_app(options: ServeOptions) -> FastAPI:
         engine = Engine(loader, options.max_sequences, options.max_queue)
         undo.pop_all()
     engine.start()
-    return create_app(engine, text, options.settings)
+    return create_app(engine, text, options.settings, on_stopped)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -87,12 +89,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(options: ServeOptions, on_ready: Callable[[str], None]) -> None:
+def serve(
+    options: ServeOptions,
+    on_ready: Callable[[str], None],
+    on_stopped: Callable[[EngineStats], None] | None = None,
+) -> None:
     """Serve until SIGINT/SIGTERM: running requests get the grace period, then the
-    engine cancels what is left. ``on_ready`` gets the base URL once requests queue."""
+    engine cancels what is left. ``on_ready`` gets the base URL once requests queue,
+    ``on_stopped`` the engine's totals once it closed (uvicorn then re-raises the
+    signal, so the process ends as the signal ends it)."""
     sock = bind(options.host, options.port)
     try:
-        app = build_app(options)
+        app = build_app(options, on_stopped)
         host, port = sock.getsockname()[:2]
         config = uvicorn.Config(
             app,
