@@ -13,6 +13,7 @@ from ovspec.errors import MissingExtraError
 # extra -> the top-level modules it installs (pyproject.toml's optional-dependencies).
 EXTRAS: Mapping[str, tuple[str, ...]] = {
     "bench": ("matplotlib", "psutil"),  # the benchmarks' plots; the KV benchmark's RSS
+    "serve": ("fastapi", "uvicorn", "sse_starlette", "prometheus_client"),  # ovspec serve
 }
 
 

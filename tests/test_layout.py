@@ -27,7 +27,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"ir", "store"}),  # the model side; the blob store
     frozenset({"compile"}),  # with the device profiles at its bottom (compile/devices)
     frozenset({"runtime"}),
-    frozenset({"bench", "trials"}),  # workflows
+    frozenset({"bench", "trials", "serve"}),  # workflows
     frozenset({"cli"}),
     frozenset({""}),  # the root package: the public facade (ovspec.open, __version__)
 )

@@ -11,5 +11,6 @@ from ovspec.cli import (  # noqa: F401
     patch,
     plan,
     profile,
+    serve,
     sharing,
 )

@@ -26,6 +26,8 @@ BLOCK_INDICES = "block_indices"
 BLOCK_INDICES_BEGINS = "block_indices_begins"
 MAX_CONTEXT_LEN = "max_context_len"
 LOGITS = "logits"
+# The batched graph's extra input: the flattened token row of each sequence's logits.
+LOGITS_INDICES = "logits_indices"
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,11 @@ class PagedModel:
     vocab_tokens: int | None
 
 
-def paged_model(xml_path: Path) -> PagedModel:
+def paged_model(xml_path: Path, per_sequence_logits: bool = False) -> PagedModel:
     """Read the stateful IR at ``xml_path`` and turn it into the paged form; a model the
-    transformation cannot take is a ``ModelError`` naming why."""
+    transformation cannot take is a ``ModelError`` naming why. With
+    ``per_sequence_logits`` the LM head reads the rows ``logits_indices`` names (one per
+    sequence of a batched call) instead of the call's last token."""
     from openvino._offline_transformations import paged_attention_transformation
 
     try:
@@ -63,19 +67,27 @@ def paged_model(xml_path: Path) -> PagedModel:
     caches = tuple(n for n in names if n.startswith((KEY_CACHE_PREFIX, VALUE_CACHE_PREFIX)))
     if not caches or LOGITS not in {n for o in model.outputs for n in o.get_names()}:
         raise ModelError(f"{xml_path}: no paged attention or no logits output after the transform")
-    last_token_head(model)
+    if per_sequence_logits:
+        selected_tokens_head(model)
+    else:
+        last_token_head(model)
     vocab = model.output(LOGITS).get_partial_shape()[-1]
     return PagedModel(model, caches, vocab.get_length() if vocab.is_static else None)
 
 
-def last_token_head(model: ov.Model) -> None:
-    """Feed the LM head's MatMul only the last token's hidden state (a prompt chunk's
-    other rows would cost a vocabulary-wide product each and are never read)."""
+def _lm_head(model: ov.Model) -> ov.Node:
     node = model.output(LOGITS).get_node().input_value(0).get_node()
     while node.get_type_name() != "MatMul":
         if node.get_input_size() == 0:
             raise ModelError("the logits output is not a MatMul's: no LM head to slice")
         node = node.input_value(0).get_node()
+    return node
+
+
+def last_token_head(model: ov.Model) -> None:
+    """Feed the LM head's MatMul only the last token's hidden state (a prompt chunk's
+    other rows would cost a vocabulary-wide product each and are never read)."""
+    node = _lm_head(model)
     hidden = node.input_value(0)
     last = ops.slice(
         hidden,
@@ -85,4 +97,16 @@ def last_token_head(model: ov.Model) -> None:
         ops.constant(np.array([0], np.int64)),  # the token axis: tokens are flattened
     )
     node.input(0).replace_source_output(last.output(0))
+    model.validate_nodes_and_infer_types()
+
+
+def selected_tokens_head(model: ov.Model) -> None:
+    """Feed the LM head only the token rows a new ``logits_indices`` input names: one per
+    sequence in a call that carries several (continuous batching)."""
+    node = _lm_head(model)
+    indices = ops.parameter(ov.PartialShape([-1]), ov.Type.i64, name=LOGITS_INDICES)
+    indices.output(0).get_tensor().set_names({LOGITS_INDICES})
+    rows = ops.gather(node.input_value(0), indices, ops.constant(np.array(0, np.int64)))
+    node.input(0).replace_source_output(rows.output(0))
+    model.add_parameters([indices])
     model.validate_nodes_and_infer_types()

@@ -31,6 +31,17 @@ BLOCK_TOKENS = 32
 PAGED_LABEL = "paged"  # the graph's name in loader events
 
 
+def cache_layouts(compiled: ov.CompiledModel) -> dict[str, tuple[ov.Shape, ov.Type]]:
+    """Each cache input's block shape (without the block axis) and element type."""
+    layouts = {}
+    for port in compiled.inputs:
+        name = port.get_any_name()
+        if name.startswith((graph.KEY_CACHE_PREFIX, graph.VALUE_CACHE_PREFIX)):
+            dims = ov.Shape([d.get_length() for d in list(port.get_partial_shape())[1:]])
+            layouts[name] = (dims, port.get_element_type())
+    return layouts
+
+
 class BlockKV:
     """One sequence's KV as ``[blocks, ...]`` byte arrays, one per cache input, typed as
     the compiled graph wants (bf16, u8 or u4 included), holding its rung's capacity;
@@ -138,6 +149,7 @@ class PagedLoader:
         self._events: list[LoaderEvent] = []
         self._lock = threading.Lock()
         self._compiled: ov.CompiledModel | None = None
+        self._batched: ov.CompiledModel | None = None  # continuous batching's graph
         self._paged: graph.PagedModel | None = None  # until compiled
         self._vocab_tokens: int | None = None
         self._closed = False
@@ -156,7 +168,7 @@ class PagedLoader:
         """The vocabulary, from the transformed IR (a request is checked against it
         before anything compiles)."""
         with self._lock:
-            if self._compiled is None and self._paged is None:
+            if self._compiled is None and self._batched is None and self._paged is None:
                 self._paged = graph.paged_model(self._xml_path)
                 self._vocab_tokens = self._paged.vocab_tokens
             return self._vocab_tokens
@@ -169,20 +181,35 @@ class PagedLoader:
                 raise LadderError("the loader is closed")
             if self._compiled is not None:
                 return
-            began = time.perf_counter()
-            self._record(EventKind.LOAD_START, began, 0.0)
             paged = self._paged or graph.paged_model(self._xml_path)
-            try:
-                compiled = ov.Core().compile_model(paged.model, self.device, self.properties)
-            except RuntimeError as exc:
-                raise CompileError(
-                    f"{self.device} could not compile the paged graph: {openvino_message(exc)}"
-                ) from exc
-            done = time.perf_counter()
-            self._record(EventKind.COMPILED, done, done - began, "paged attention, from the IR")
-            self._record(EventKind.LOADED, done, 0.0)
-            self._compiled, self._vocab_tokens = compiled, paged.vocab_tokens
+            self._compiled = self._compile(paged, "paged attention, from the IR")
             self._paged = None  # the compiled graph holds what it needs
+
+    def batched_graph(self) -> ov.CompiledModel:
+        """The paged graph with one logits row per sequence of a call (its
+        ``logits_indices`` input), compiled on first use: what continuous batching runs."""
+        with self._lock:
+            if self._closed:
+                raise LadderError("the loader is closed")
+            if self._batched is None:
+                paged = graph.paged_model(self._xml_path, per_sequence_logits=True)
+                self._batched = self._compile(paged, "paged attention, per-sequence logits")
+            return self._batched
+
+    def _compile(self, paged: graph.PagedModel, note: str) -> ov.CompiledModel:
+        began = time.perf_counter()
+        self._record(EventKind.LOAD_START, began, 0.0)
+        try:
+            compiled = ov.Core().compile_model(paged.model, self.device, self.properties)
+        except RuntimeError as exc:
+            raise CompileError(
+                f"{self.device} could not compile the paged graph: {openvino_message(exc)}"
+            ) from exc
+        done = time.perf_counter()
+        self._record(EventKind.COMPILED, done, done - began, note)
+        self._record(EventKind.LOADED, done, 0.0)
+        self._vocab_tokens = paged.vocab_tokens
+        return compiled
 
     def sequence(self, first_capacity_tokens: int) -> PagedSequence:
         self.start()
@@ -205,7 +232,7 @@ class PagedLoader:
             if self._closed:
                 return
             self._closed = True
-            self._compiled = None
+            self._compiled = self._batched = None
         for hook in reversed(self._on_close):
             hook()
 
@@ -230,13 +257,7 @@ class PagedSequence:
         self.ladder = ladder
         self.chunk_tokens = chunk_tokens
         self.request = compiled.create_infer_request()
-        layouts = {}
-        for port in compiled.inputs:
-            name = port.get_any_name()
-            if name.startswith((graph.KEY_CACHE_PREFIX, graph.VALUE_CACHE_PREFIX)):
-                dims = ov.Shape([d.get_length() for d in list(port.get_partial_shape())[1:]])
-                layouts[name] = (dims, port.get_element_type())
-        self.kv = BlockKV(layouts, capacity_tokens)
+        self.kv = BlockKV(cache_layouts(compiled), capacity_tokens)
         self._bind_kv()
         self._origin_s = origin_s
         self.steps: list[StepRecord] = []
