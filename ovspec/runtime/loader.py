@@ -6,7 +6,8 @@ it must; ``prefetch(spec)`` queues the same work on one background worker. A pol
 decides what is compiled when: ``eager`` (every rung before the first token),
 ``one_ahead`` (the first rung in the foreground, then one successor in the background
 after each switch, earlier when a deadline plan says a window is too short) and
-``on_demand`` (compile at the boundary: the stall baseline).
+``on_demand`` (compile at the boundary: the stall baseline). No policy starts a rung
+beyond the request's reachable length (``start(..., reachable_tokens=)``).
 Every compile, import, hit and wait is an event with times relative to ``open``.
 """
 
@@ -37,7 +38,10 @@ from ovspec.runtime.kv import KVLayout
 from ovspec.runtime.schedule import WindowPlan, successors_to_start
 from ovspec.store.local import Store
 
-__all__ = ["EventKind", "Loader", "LoaderEvent", "Policy", "WindowPlan"]
+__all__ = ["EventKind", "Loader", "LoaderEvent", "Policy", "WindowPlan", "builds_left_running"]
+
+# The background worker's thread names start with this.
+WORKER_THREAD_PREFIX = "ovspec-loader"
 
 
 class Policy(Enum):
@@ -113,7 +117,7 @@ class Loader:
         self._split_begun = False
         self._worker = ThreadPoolExecutor(
             max_workers=1,
-            thread_name_prefix="ovspec-loader",
+            thread_name_prefix=WORKER_THREAD_PREFIX,
             initializer=_prepare_worker,
             initargs=(worker_cores,),
         )
@@ -125,11 +129,18 @@ class Loader:
         # A lazy start compiles the graph its prompt waits for as two halves on two cores
         # (``Compiler.load(halves=True)``) when nothing else loads meanwhile.
         self.halve_prompt_graph = halve_prompt_graph
+        # KV positions the current request can fill (prompt + fed-back tokens); no rung
+        # beyond the one holding them is started. None: any rung may be reached.
+        self.reachable_tokens: int | None = None
 
     # -- public API ---------------------------------------------------------------
 
-    def start(self, first_capacity_tokens: int) -> None:
+    def start(self, first_capacity_tokens: int, reachable_tokens: int | None = None) -> None:
         """Foreground work before the prompt can run, as the policy prescribes.
+
+        ``reachable_tokens``: the KV positions the request can fill (its prompt and the
+        tokens it feeds back); no rung above the one holding them is built, by any
+        policy, until this is called again. None: every rung is reachable.
 
         One-ahead and on-demand return as soon as the graph the prompt needs is ready
         (the prefill graph, or the decode graph without one); the first rung's decode
@@ -141,6 +152,7 @@ class Loader:
         Eager loads every rung before returning, two at a time (every other one on
         the worker: a CPU compile keeps about one core busy).
         """
+        self.reachable_tokens = reachable_tokens
         try:
             self._start(first_capacity_tokens)
         finally:
@@ -159,7 +171,8 @@ class Loader:
         shared = prefill is not None and self.graph_spec(decode) == self.graph_spec(prefill)
         if self.policy is Policy.EAGER:
             self._steady()
-            rungs = [c for c in self.ladder if c >= first_capacity_tokens]
+            top = self.reachable_top_tokens
+            rungs = [c for c in self.ladder if first_capacity_tokens <= c <= top]
             later = [Specialization.decode(c) for c in rungs[1:]]
             # A decode served by the prompt's graph is taken last, once that graph is in:
             # no worker slot waits on it.
@@ -286,6 +299,17 @@ class Loader:
         self.warm_up = False
 
     @property
+    def reachable_top_tokens(self) -> int:
+        """The largest rung the current request can reach (the top without a request)."""
+        return reachable_top_tokens(self.ladder, self.reachable_tokens)
+
+    def builds_in_flight(self) -> tuple[str, ...]:
+        """Labels of loads on the background worker that nobody has taken yet (running or
+        queued): what ``close`` would wait for."""
+        with self._lock:
+            return tuple(spec.label for spec, f in self._pending.items() if not f.done())
+
+    @property
     def origin_s(self) -> float:
         """The ``perf_counter`` value event times are measured from."""
         return self._opened_s
@@ -305,6 +329,10 @@ class Loader:
     @property
     def load_mode(self) -> LoadMode:
         return self._compiler.load_mode
+
+    @property
+    def device(self) -> str:
+        return self._compiler.device
 
     @property
     def properties(self) -> dict[str, str]:  # what graphs are compiled or imported with
@@ -339,15 +367,40 @@ class Loader:
         with self._lock:
             return list(self._events)
 
-    def close(self) -> None:
-        """Stop the worker (waits for a compile in flight) and drop compiled models."""
+    def close(self, wait_for_builds: bool = True) -> None:
+        """Stop the worker and drop compiled models; queued loads never start.
+
+        A load in flight cannot be interrupted (an OpenVINO compile runs to its end).
+        ``wait_for_builds`` waits for it; False returns at once and lets it finish on
+        the worker, which then closes what the loader owns. The thread still holds the
+        interpreter at exit: ``ovspec``'s entry point leaves without joining it.
+        """
         if self._closed:
             return
         self._closed = True
         with self._lock:
             for future in self._pending.values():
                 future.cancel()
-        self._worker.shutdown(wait=True)
+            running = [f for f in self._pending.values() if not f.done()]
+        self._worker.shutdown(wait=wait_for_builds, cancel_futures=True)
+        if wait_for_builds or not running:
+            self._release_all()
+            return
+        left = len(running)
+        count_lock = threading.Lock()
+
+        def one_done(_: Future[Program]) -> None:
+            nonlocal left
+            with count_lock:
+                left -= 1
+                last = left == 0
+            if last:
+                self._release_all()
+
+        for future in running:
+            future.add_done_callback(one_done)
+
+    def _release_all(self) -> None:
         with self._lock:
             self._programs.clear()
             self._pending.clear()
@@ -445,7 +498,8 @@ class Loader:
             plan.window_s if plan is not None else {},
             plan.rule if plan is not None else None,
         )
-        return [(Specialization.decode(c), note) for c, note in picked]
+        top = self.reachable_top_tokens
+        return [(Specialization.decode(c), note) for c, note in picked if c <= top]
 
     def _record(
         self,
@@ -465,6 +519,22 @@ class Loader:
     def _check_open(self) -> None:
         if self._closed:
             raise OvspecError("the loader is closed")
+
+
+def builds_left_running() -> bool:
+    """Whether a closed loader's worker is still finishing a build nobody waits for (see
+    ``Loader.close``): a process about to exit need not wait for it."""
+    return any(
+        t.name.startswith(WORKER_THREAD_PREFIX) and t.is_alive() for t in threading.enumerate()
+    )
+
+
+def reachable_top_tokens(ladder: Ladder, reachable_tokens: int | None) -> int:
+    """The rung that holds ``reachable_tokens`` KV positions (None, or more than the
+    ladder holds: its top): no request needs a rung above it."""
+    if reachable_tokens is None or reachable_tokens >= ladder.top_tokens:
+        return ladder.top_tokens
+    return ladder.rung_for(max(reachable_tokens, 1))
 
 
 def _as_spec(spec: Specialization | int) -> Specialization:

@@ -1,7 +1,8 @@
 """The paged path (``load_mode="paged"``, CPU): one PagedAttention graph compiled from the
 IR serves the prompt, in chunks, and every decode step. Attention reads only the live
 blocks, so a step costs what its live length costs, not its rung's capacity. The KV is
-block arrays this module owns, reserved one rung at a time and grown at a boundary.
+block arrays this module owns, reserved one rung at a time and grown at a boundary; a
+rung the request cannot fill is reserved only up to the request's reachable length.
 """
 
 from __future__ import annotations
@@ -172,7 +173,11 @@ class PagedLoader:
             self._compiled, self._vocab_tokens = compiled, paged.vocab_tokens
             self._paged = None  # the compiled graph holds what it needs
 
-    def sequence(self, first_capacity_tokens: int) -> PagedSequence:
+    def sequence(
+        self, first_capacity_tokens: int, reachable_tokens: int | None = None
+    ) -> PagedSequence:
+        """A sequence starting on ``first_capacity_tokens``; ``reachable_tokens`` (the KV
+        positions its request can fill) caps what each rung reserves."""
         self.start()
         assert self._compiled is not None
         return PagedSequence(
@@ -181,14 +186,27 @@ class PagedLoader:
             first_capacity_tokens,
             self.prefill_chunk_tokens,
             self._opened_s,
+            reachable_tokens,
         )
+
+    def compiled_properties(self, names: Sequence[str]) -> dict[str, object]:
+        """The compiled graph's values of ``names`` (those it reports), compiling it first."""
+        self.start()
+        assert self._compiled is not None
+        supported = set(self._compiled.get_property("SUPPORTED_PROPERTIES"))
+        return {name: self._compiled.get_property(name) for name in names if name in supported}
+
+    def builds_in_flight(self) -> tuple[str, ...]:
+        """Nothing: the one graph is compiled in the foreground."""
+        return ()
 
     def _record(self, kind: EventKind, at: float, seconds: float, note: str = "") -> None:
         self._events.append(
             LoaderEvent(kind, PAGED_LABEL, at - self._opened_s, True, seconds, note)
         )
 
-    def close(self) -> None:
+    def close(self, wait_for_builds: bool = True) -> None:
+        """Drop the graph (``wait_for_builds``: as ``Loader.close``; nothing builds here)."""
         with self._lock:
             if self._closed:
                 return
@@ -214,9 +232,12 @@ class PagedSequence:
         capacity_tokens: int,
         chunk_tokens: int,
         origin_s: float,
+        reachable_tokens: int | None = None,
     ) -> None:
         self.ladder = ladder
         self.chunk_tokens = chunk_tokens
+        self.reachable_tokens = reachable_tokens
+        self.rungs = [capacity_tokens]  # the rungs entered, in order
         self.request = compiled.create_infer_request()
         layouts = {}
         for port in compiled.inputs:
@@ -224,7 +245,7 @@ class PagedSequence:
             if name.startswith((graph.KEY_CACHE_PREFIX, graph.VALUE_CACHE_PREFIX)):
                 dims = ov.Shape([d.get_length() for d in list(port.get_partial_shape())[1:]])
                 layouts[name] = (dims, port.get_element_type())
-        self.kv = BlockKV(layouts, capacity_tokens)
+        self.kv = BlockKV(layouts, self._reserved_tokens(capacity_tokens, 0))
         self._bind_kv()
         self._origin_s = origin_s
         self.steps: list[StepRecord] = []
@@ -248,7 +269,9 @@ class PagedSequence:
         live, n = self.kv.live_tokens, len(token_ids)
         total = live + n
         if total > self.kv.capacity_tokens:
-            self._grow(self.ladder.rung_for(total))
+            rung = self.ladder.rung_for(total)
+            self.rungs.append(rung)
+            self._grow(self._reserved_tokens(rung, total))
         self.feed(token_ids)
         r = self.request
         began = time.perf_counter()
@@ -281,6 +304,14 @@ class PagedSequence:
         r.set_tensor(graph.BLOCK_INDICES, ov.Tensor(np.arange(blocks, dtype=np.int32)))
         r.set_tensor(graph.BLOCK_INDICES_BEGINS, ov.Tensor(np.array([0, blocks], np.int32)))
         r.set_tensor(graph.MAX_CONTEXT_LEN, ov.Tensor(np.array(total, np.int32)))
+
+    def _reserved_tokens(self, rung_tokens: int, needed_tokens: int) -> int:
+        """What a rung reserves: its capacity, or the whole blocks that hold the request's
+        reachable length when that is less (never fewer than ``needed_tokens``)."""
+        if self.reachable_tokens is None:
+            return rung_tokens
+        reachable = max(self.reachable_tokens, needed_tokens, 1)
+        return min(rung_tokens, math.ceil(reachable / BLOCK_TOKENS) * BLOCK_TOKENS)
 
     def _grow(self, capacity_tokens: int) -> None:
         began = time.perf_counter()
