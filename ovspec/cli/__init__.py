@@ -126,9 +126,9 @@ def _exit_past_abandoned_builds(done: SystemExit) -> None:
     """Exit now, without joining a loader's worker still finishing a build nobody will use
     (``Loader.close(wait_for_builds=False)``): an OpenVINO compile cannot be stopped, and
     the interpreter would wait for it. Its store writes are crash-safe (temp, rename)."""
-    if "ovspec.runtime.loader" not in sys.modules:
-        return  # nothing loaded: no worker (and no reason to import OpenVINO here)
-    from ovspec.runtime.loader import builds_left_running
+    if "ovspec.runtime.worker" not in sys.modules:
+        return  # no loader was made: no worker (and no reason to import OpenVINO here)
+    from ovspec.runtime.worker import builds_left_running
 
     if builds_left_running():
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)

@@ -219,7 +219,7 @@ def generate(
     from ovspec.runtime.generation import generate as run_generation
     from ovspec.runtime.kv import KVLayoutWarning
     from ovspec.runtime.loader import Policy
-    from ovspec.runtime.peer import differences_text, genai_differences
+    from ovspec.runtime.peer import genai_differences
     from ovspec.runtime.prompting import Prompt
     from ovspec.runtime.textcodec import TextCodec, eos_token_ids
     from ovspec.store.local import Store
@@ -270,24 +270,14 @@ def generate(
 
     if as_json:
         document = _json_document(generation, prompt_ids)
-        document["load_mode"] = used_load_mode
+        document |= {"load_mode": used_load_mode, "abandoned_builds": list(abandoned)}
         document["genai_differences"] = [d.as_json() for d in differences]
-        document["abandoned_builds"] = list(abandoned)
         if codec.can_decode:
             document["text"] = codec.decode(generation.token_ids)
         emit_json(document)
         return
-    click.echo(_summary(generation), err=True)
-    if differences:
-        click.echo(
-            f"ovspec: differs from openvino-genai's defaults: {differences_text(differences)}",
-            err=True,
-        )
-    if abandoned:
-        click.echo(
-            f"ovspec: left {', '.join(abandoned)} unbuilt (no token needs it; --prewarm waits)",
-            err=True,
-        )
+    left = f"; left {', '.join(abandoned)} unbuilt (--prewarm waits)" if abandoned else ""
+    click.echo(_summary(generation) + left, err=True)
 
 
 class _Writer:

@@ -298,7 +298,7 @@ def _decode_paged(
     return DecodeResult(
         prompt_tokens=len(prompt_ids),
         token_ids=run.token_ids,
-        rungs=tuple(sequence.rungs),
+        rungs=(first, *(b.migration.to_capacity_tokens for b in sequence.boundaries)),
         steps=tuple(sequence.steps),
         boundaries=tuple(sequence.boundaries),
         events=tuple(loader.events),

@@ -13,18 +13,13 @@ Every compile, import, hit and wait is an event with times relative to ``open``.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-
-import numpy as np
-import openvino as ov
 
 from ovspec.compile.compiler import Compiler, Program
 from ovspec.compile.halves import CompiledGraph, HalvedCompiledModel
@@ -35,13 +30,12 @@ from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import KVLayout
-from ovspec.runtime.schedule import WindowPlan, successors_to_start
+from ovspec.runtime.schedule import WindowPlan, reachable_top_tokens, successors_to_start
+from ovspec.runtime.tokenizer import Tokenizer
+from ovspec.runtime.worker import Worker, builds_left_running, warm_up
 from ovspec.store.local import Store
 
 __all__ = ["EventKind", "Loader", "LoaderEvent", "Policy", "WindowPlan", "builds_left_running"]
-
-# The background worker's thread names start with this.
-WORKER_THREAD_PREFIX = "ovspec-loader"
 
 
 class Policy(Enum):
@@ -115,12 +109,7 @@ class Loader:
         self.worker_cores = worker_cores
         self._pin_threads = pin_threads
         self._split_begun = False
-        self._worker = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix=WORKER_THREAD_PREFIX,
-            initializer=_prepare_worker,
-            initargs=(worker_cores,),
-        )
+        self._worker = Worker(worker_cores)
         self._closed = False
         self._on_close = list(on_close)
         # Called once, at the first get of a decode graph (after the prompt), or as an
@@ -132,15 +121,15 @@ class Loader:
         # KV positions the current request can fill (prompt + fed-back tokens); no rung
         # beyond the one holding them is started. None: any rung may be reached.
         self.reachable_tokens: int | None = None
+        self._tokenizer: Tokenizer | None = None
 
     # -- public API ---------------------------------------------------------------
 
     def start(self, first_capacity_tokens: int, reachable_tokens: int | None = None) -> None:
         """Foreground work before the prompt can run, as the policy prescribes.
 
-        ``reachable_tokens``: the KV positions the request can fill (its prompt and the
-        tokens it feeds back); no rung above the one holding them is built, by any
-        policy, until this is called again. None: every rung is reachable.
+        ``reachable_tokens``: the KV positions the request can fill (prompt and fed-back
+        tokens); no policy builds a rung above the one holding them. None: any rung.
 
         One-ahead and on-demand return as soon as the graph the prompt needs is ready
         (the prefill graph, or the decode graph without one); the first rung's decode
@@ -299,13 +288,11 @@ class Loader:
         self.warm_up = False
 
     @property
-    def reachable_top_tokens(self) -> int:
-        """The largest rung the current request can reach (the top without a request)."""
+    def reachable_top_tokens(self) -> int:  # the top rung the current request can reach
         return reachable_top_tokens(self.ladder, self.reachable_tokens)
 
     def builds_in_flight(self) -> tuple[str, ...]:
-        """Labels of loads on the background worker that nobody has taken yet (running or
-        queued): what ``close`` would wait for."""
+        """Labels of loads nobody has taken yet (running or queued): what ``close`` waits for."""
         with self._lock:
             return tuple(spec.label for spec, f in self._pending.items() if not f.done())
 
@@ -343,6 +330,13 @@ class Loader:
         return self._compiler.model_dir
 
     @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (text in and out), made on first use."""
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(self.model_dir)
+        return self._tokenizer
+
+    @property
     def weights_path(self) -> Path:
         return self._compiler.model_dir.bin_path
 
@@ -368,13 +362,9 @@ class Loader:
             return list(self._events)
 
     def close(self, wait_for_builds: bool = True) -> None:
-        """Stop the worker and drop compiled models; queued loads never start.
-
-        A load in flight cannot be interrupted (an OpenVINO compile runs to its end).
-        ``wait_for_builds`` waits for it; False returns at once and lets it finish on
-        the worker, which then closes what the loader owns. The thread still holds the
-        interpreter at exit: ``ovspec``'s entry point leaves without joining it.
-        """
+        """Stop the worker and drop compiled models; queued loads never start. A load in
+        flight (a compile cannot be stopped) is waited for, or with ``wait_for_builds``
+        False left to finish on the worker, which then closes what the loader owns."""
         if self._closed:
             return
         self._closed = True
@@ -382,23 +372,7 @@ class Loader:
             for future in self._pending.values():
                 future.cancel()
             running = [f for f in self._pending.values() if not f.done()]
-        self._worker.shutdown(wait=wait_for_builds, cancel_futures=True)
-        if wait_for_builds or not running:
-            self._release_all()
-            return
-        left = len(running)
-        count_lock = threading.Lock()
-
-        def one_done(_: Future[Program]) -> None:
-            nonlocal left
-            with count_lock:
-                left -= 1
-                last = left == 0
-            if last:
-                self._release_all()
-
-        for future in running:
-            future.add_done_callback(one_done)
+        self._worker.close(running, wait=wait_for_builds, then=self._release_all)
 
     def _release_all(self) -> None:
         with self._lock:
@@ -521,50 +495,5 @@ class Loader:
             raise OvspecError("the loader is closed")
 
 
-def builds_left_running() -> bool:
-    """Whether a closed loader's worker is still finishing a build nobody waits for (see
-    ``Loader.close``): a process about to exit need not wait for it."""
-    return any(
-        t.name.startswith(WORKER_THREAD_PREFIX) and t.is_alive() for t in threading.enumerate()
-    )
-
-
-def reachable_top_tokens(ladder: Ladder, reachable_tokens: int | None) -> int:
-    """The rung that holds ``reachable_tokens`` KV positions (None, or more than the
-    ladder holds: its top): no request needs a rung above it."""
-    if reachable_tokens is None or reachable_tokens >= ladder.top_tokens:
-        return ladder.top_tokens
-    return ladder.rung_for(max(reachable_tokens, 1))
-
-
 def _as_spec(spec: Specialization | int) -> Specialization:
     return Specialization.decode(spec) if isinstance(spec, int) else spec
-
-
-def warm_up(compiled: CompiledGraph) -> float:
-    """Run one throwaway inference; returns its seconds.
-
-    A compiled model's first inference pays one-time costs (CPU: allocations and
-    weight repacking, 10-30 ms on a small model). Paying them here, on the loader's
-    thread, keeps them out of the first decode step after a boundary.
-    """
-    began = time.perf_counter()
-    request = compiled.create_infer_request()
-    for port in compiled.inputs:
-        # A graph taking 1..P tokens is warmed with one: a decode-shaped call.
-        dims = [d.get_min_length() if d.is_dynamic else d.get_length() for d in port.partial_shape]
-        request.set_tensor(port, ov.Tensor(np.zeros(dims, dtype=port.element_type.to_dtype())))
-    request.infer()
-    return time.perf_counter() - began
-
-
-def _prepare_worker(cores: tuple[int, ...] | None) -> None:
-    if cores is not None:
-        os.sched_setaffinity(0, cores)  # Linux: this thread only
-    _lower_priority()
-
-
-def _lower_priority() -> None:
-    """Let the decode thread win the cores from background compiles (per-thread nice)."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

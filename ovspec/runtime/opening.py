@@ -208,6 +208,7 @@ def _paged_loader(options: OpenOptions, decided: Decisions, tuning: Tuning) -> P
             options.prefill_chunk_tokens,
             origin_s=tuning.origin_s,
             on_close=(stack.pop_all().close,),
+            model_dir=model_dir,
         )
     return loader
 

@@ -19,11 +19,13 @@ import openvino as ov
 from ovspec.compile.modes import LoadMode
 from ovspec.errors import CompileError, LadderError, openvino_message
 from ovspec.ir import paged as graph
+from ovspec.ir.model_dir import ModelDir
 from ovspec.ladder import Ladder
 from ovspec.runtime import vmem
 from ovspec.runtime.kvcache import Migration
 from ovspec.runtime.loader import EventKind, LoaderEvent, Policy
 from ovspec.runtime.session import BoundaryRecord, StepRecord
+from ovspec.runtime.tokenizer import Tokenizer
 
 # The CPU plugin's PagedAttention block: tokens per block of every cache array.
 BLOCK_TOKENS = 32
@@ -33,14 +35,21 @@ PAGED_LABEL = "paged"  # the graph's name in loader events
 class BlockKV:
     """One sequence's KV as ``[blocks, ...]`` byte arrays, one per cache input, typed as
     the compiled graph wants (bf16, u8 or u4 included), holding its rung's capacity;
-    growing to a larger rung copies the live blocks once."""
+    growing to a larger rung copies the live blocks once. ``reserved_tokens`` (at most the
+    capacity) holds fewer blocks where the sequence cannot fill its rung."""
 
-    def __init__(self, layouts: dict[str, tuple[ov.Shape, ov.Type]], capacity_tokens: int) -> None:
+    def __init__(
+        self,
+        layouts: dict[str, tuple[ov.Shape, ov.Type]],
+        capacity_tokens: int,
+        reserved_tokens: int | None = None,
+    ) -> None:
         self._layouts = layouts
         self.capacity_tokens = capacity_tokens
+        self.reserved_tokens = min(reserved_tokens or capacity_tokens, capacity_tokens)
         self.live_tokens = 0
         self.measure_physical = False
-        self._arrays = self._allocate(capacity_tokens)
+        self._arrays = self._allocate(self.reserved_tokens)
 
     def _allocate(self, capacity_tokens: int) -> dict[str, np.ndarray]:
         blocks = math.ceil(capacity_tokens / BLOCK_TOKENS)
@@ -56,13 +65,15 @@ class BlockKV:
             for kind in (self._layouts[name][1],)
         }
 
-    def grow(self, capacity_tokens: int) -> Migration:
-        """Move to ``capacity_tokens``: new arrays, the live blocks copied, the old freed."""
+    def grow(self, capacity_tokens: int, reserved_tokens: int | None = None) -> Migration:
+        """Move to ``capacity_tokens`` (``reserved_tokens`` of it): new arrays, the live
+        blocks copied, the old freed."""
         if capacity_tokens <= self.capacity_tokens:
             raise LadderError(f"cannot grow KV from {self.capacity_tokens} to {capacity_tokens}")
         began = time.perf_counter()
         old, old_bytes = self._arrays, self.reserved_bytes
-        new = self._allocate(capacity_tokens)
+        reserved = min(reserved_tokens or capacity_tokens, capacity_tokens)
+        new = self._allocate(reserved)
         live_blocks = math.ceil(self.live_tokens / BLOCK_TOKENS)
         copied = 0
         for name, array in old.items():
@@ -82,7 +93,7 @@ class BlockKV:
             peak_reserved_bytes=old_bytes + allocated,
             copy_seconds=copy_s,
         )
-        self.capacity_tokens = capacity_tokens
+        self.capacity_tokens, self.reserved_tokens = capacity_tokens, reserved
         return migration
 
     @property
@@ -116,8 +127,11 @@ class PagedLoader:
         prefill_chunk_tokens: int,
         origin_s: float | None = None,
         on_close: Sequence[Callable[[], None]] = (),
+        model_dir: ModelDir | None = None,
     ) -> None:
         self.ladder = ladder
+        self.model_dir = model_dir  # None: the folder holding xml_path, when asked
+        self._tokenizer: Tokenizer | None = None
         self.device = device
         self.properties = dict(properties)
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -134,6 +148,13 @@ class PagedLoader:
     @property
     def origin_s(self) -> float:
         return self._opened_s
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (text in and out), made on first use."""
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(self.model_dir or ModelDir.open(self._xml_path.parent))
+        return self._tokenizer
 
     @property
     def events(self) -> list[LoaderEvent]:
@@ -237,7 +258,6 @@ class PagedSequence:
         self.ladder = ladder
         self.chunk_tokens = chunk_tokens
         self.reachable_tokens = reachable_tokens
-        self.rungs = [capacity_tokens]  # the rungs entered, in order
         self.request = compiled.create_infer_request()
         layouts = {}
         for port in compiled.inputs:
@@ -245,7 +265,7 @@ class PagedSequence:
             if name.startswith((graph.KEY_CACHE_PREFIX, graph.VALUE_CACHE_PREFIX)):
                 dims = ov.Shape([d.get_length() for d in list(port.get_partial_shape())[1:]])
                 layouts[name] = (dims, port.get_element_type())
-        self.kv = BlockKV(layouts, self._reserved_tokens(capacity_tokens, 0))
+        self.kv = BlockKV(layouts, capacity_tokens, self._reserved_tokens(capacity_tokens, 0))
         self._bind_kv()
         self._origin_s = origin_s
         self.steps: list[StepRecord] = []
@@ -270,8 +290,12 @@ class PagedSequence:
         total = live + n
         if total > self.kv.capacity_tokens:
             rung = self.ladder.rung_for(total)
-            self.rungs.append(rung)
-            self._grow(self._reserved_tokens(rung, total))
+            self._grow(rung, self._reserved_tokens(rung, total))
+        elif total > self.kv.reserved_tokens:  # past the reachable length it was given
+            raise LadderError(
+                f"{total} KV positions exceed the {self.kv.reserved_tokens} this sequence "
+                "reserved for its request's reachable length"
+            )
         self.feed(token_ids)
         r = self.request
         began = time.perf_counter()
@@ -313,9 +337,9 @@ class PagedSequence:
         reachable = max(self.reachable_tokens, needed_tokens, 1)
         return min(rung_tokens, math.ceil(reachable / BLOCK_TOKENS) * BLOCK_TOKENS)
 
-    def _grow(self, capacity_tokens: int) -> None:
+    def _grow(self, capacity_tokens: int, reserved_tokens: int) -> None:
         began = time.perf_counter()
-        migration = self.kv.grow(capacity_tokens)
+        migration = self.kv.grow(capacity_tokens, reserved_tokens)
         bound = time.perf_counter()
         self._bind_kv()
         self.boundaries.append(

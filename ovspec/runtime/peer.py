@@ -102,10 +102,6 @@ def _resolved(
     return {name: property_text(probe.get_property(name)) for name in names}
 
 
-def differences_text(found: tuple[PropertyDifference, ...]) -> str:
-    return "; ".join(f"{d.name} {d.ovspec} (genai {d.genai})" for d in found)
-
-
 def property_text(value: object) -> str:
     """A property value as one spelling: element types by their short name (bf16, u8),
     enums by their member name."""

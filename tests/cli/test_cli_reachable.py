@@ -56,8 +56,8 @@ def test_the_entry_point_exits_past_a_build_nobody_waits_for(tmp_path: Path) -> 
     without the entry point's exit the interpreter would join it (and this would hang)."""
     script = (
         "import sys, threading\n"
-        "import ovspec.runtime.loader as loader\n"
-        "threading.Thread(target=threading.Event().wait, name=loader.WORKER_THREAD_PREFIX + '_0')"
+        "import ovspec.runtime.worker as worker\n"
+        "threading.Thread(target=threading.Event().wait, name=worker.WORKER_THREAD_PREFIX + '_0')"
         ".start()\n"
         "sys.argv = ['ovspec', '--version']\n"
         "from ovspec.cli import main\n"

@@ -19,8 +19,8 @@ from ovspec.runtime.loader import (
     Policy,
     WindowPlan,
     builds_left_running,
-    reachable_top_tokens,
 )
+from ovspec.runtime.schedule import reachable_top_tokens
 
 LADDER = Ladder((32, 64, 128, 256))
 
