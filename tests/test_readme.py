@@ -55,10 +55,28 @@ def environment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return env
 
 
+# The README's real GGUF file; CI runs its commands on a tiny one the suite writes.
+README_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def suite_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ovspec.testing.gguf import write_gguf
+
+    return write_gguf("qwen2", tmp_path_factory.mktemp("readme-gguf") / "tiny.gguf", "Q8_0")
+
+
+def test_the_first_real_model_runs_on_the_suite_gguf() -> None:
+    assert any(README_GGUF in code for _, code in EXAMPLES)
+
+
 @pytest.mark.parametrize(
     ("kind", "code"), EXAMPLES, ids=[code.splitlines()[0][:60] for _, code in EXAMPLES]
 )
-def test_readme_example_runs(kind: str, code: str, environment: dict[str, str]) -> None:
+def test_readme_example_runs(
+    kind: str, code: str, environment: dict[str, str], suite_gguf: Path
+) -> None:
+    code = code.replace(README_GGUF, str(suite_gguf))
     argv = ["bash", "-c", code] if kind == "shell" else [sys.executable, "-c", code]
     result = subprocess.run(
         argv, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600

@@ -8,6 +8,7 @@ click's usage errors with 2. Any other exception reaching here is a bug.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -114,4 +115,23 @@ def main() -> None:
     from ovspec.cli import commands  # noqa: F401
 
     warnings.showwarning = _show_warning
-    cli.main(prog_name="ovspec")
+    try:
+        cli.main(prog_name="ovspec")
+    except SystemExit as done:
+        _exit_past_abandoned_builds(done)
+        raise
+
+
+def _exit_past_abandoned_builds(done: SystemExit) -> None:
+    """Exit now, without joining a loader's worker still finishing a build nobody will use
+    (``Loader.close(wait_for_builds=False)``): an OpenVINO compile cannot be stopped, and
+    the interpreter would wait for it. Its store writes are crash-safe (temp, rename)."""
+    if "ovspec.runtime.worker" not in sys.modules:
+        return  # no loader was made: no worker (and no reason to import OpenVINO here)
+    from ovspec.runtime.worker import builds_left_running
+
+    if builds_left_running():
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

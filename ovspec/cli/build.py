@@ -31,7 +31,8 @@ from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
     from ovspec.compile.compiler import BuildOutcome
-    from ovspec.compile.prewarm import BuildReport
+    from ovspec.compile.modes import LoadMode
+    from ovspec.compile.prewarm import BuildPlan, BuildReport
     from ovspec.store.remote import RemoteConfig
     from ovspec.store.tier import Tier
 
@@ -76,6 +77,7 @@ def build(
     each specialization lands; the summary's wall time is the whole command's.
     """
     started = time.perf_counter()
+    from ovspec.compile.devices import profile_for
     from ovspec.compile.modes import BlobMode
     from ovspec.compile.prewarm import (
         BuildPlan,
@@ -139,11 +141,38 @@ def build(
         store.close()
     wall_s = time.perf_counter() - started
 
+    notes = _notes(plan, profile_for(device, dict(config)).default_load_mode)
     if as_json:
-        emit_json(_json_document(model_dir.root, device, ladder, root, report, tier, wall_s))
+        document = _json_document(model_dir.root, device, ladder, root, report, tier, wall_s)
+        document["notes"] = notes
+        emit_json(document)
         return
-    for line in _summary(report, tier, wall_s):
+    for line in [*_summary(report, tier, wall_s), *notes]:
         click.echo(line)
+
+
+def _notes(plan: BuildPlan, default_load_mode: LoadMode) -> list[str]:
+    """What a user should know about these blobs: whether ``generate`` uses them by
+    default on this device, and whether they hold the weights after all."""
+    from ovspec.compile.modes import BlobMode, LoadMode
+    from ovspec.ir.compression import CompressionMode
+    from ovspec.ir.files import compressed_weight_types
+
+    notes = []
+    if default_load_mode is not LoadMode.IMPORT:
+        notes.append(
+            f"note: on {plan.device} `generate` compiles from the IR by default (load mode "
+            f"{default_load_mode.value}) and does not use these blobs; --load-mode import does"
+        )
+    compressed = compressed_weight_types(plan.model.xml_path)
+    nncf = plan.compression.mode is not CompressionMode.NONE
+    if plan.blob_mode is BlobMode.WEIGHTLESS and (compressed or nncf):
+        types = str(plan.compression) if nncf else ", ".join(sorted(compressed))
+        notes.append(
+            f"note: the weights are compressed ({types}): they go into every blob, weightless "
+            "or not (measured on CPU; docs/weightless.md), not once per ladder"
+        )
+    return notes
 
 
 def _json_document(

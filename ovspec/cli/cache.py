@@ -87,12 +87,17 @@ def spec_label(entry: StoreEntry) -> str:
 
 def model_label(entry: StoreEntry, store: Store) -> str:
     """The model an entry was built from: ``builtin:tiny`` for a model the store wrote,
-    else the folder's name."""
+    the ``.gguf`` file's name for one it built from a GGUF file, else the folder's name."""
+    from ovspec.ir.gguf import gguf_source_name
+
     recorded = entry.metadata.get("model", "")
     if not recorded:
         return "?"
     path = Path(recorded)
     if store.wrote_model(path):
+        source = gguf_source_name(path)
+        if source is not None:
+            return source
         preset, _, _digest = path.name.rpartition("-")
         return f"builtin:{preset}" if preset else path.name
     return path.name

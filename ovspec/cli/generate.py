@@ -182,6 +182,12 @@ def sampling_options(func: F) -> F:
     default=None,
     help="Continue the conversation saved in this file (by `ovspec chat`'s /save).",
 )
+@click.option(
+    "--prewarm",
+    is_flag=True,
+    help="Wait at exit for a rung build still running (by default it is left unfinished: "
+    "the answer is complete and nothing will use it).",
+)
 @sampling_options
 @json_option
 def generate(
@@ -199,6 +205,7 @@ def generate(
     config: tuple[tuple[str, str], ...],
     cache_dir: Path | None,
     remote: RemoteConfig | None,
+    prewarm: bool,
     sampling: GenerationConfig,
     as_json: bool,
     session_file: Path | None = None,
@@ -226,10 +233,12 @@ def generate(
     from ovspec.runtime.generation import generate as run_generation
     from ovspec.runtime.kv import KVLayoutWarning
     from ovspec.runtime.loader import Policy
+    from ovspec.runtime.peer import genai_differences
     from ovspec.runtime.prompting import Prompt
     from ovspec.runtime.textcodec import TextCodec, eos_token_ids
     from ovspec.store.local import Store
 
+    abandoned: tuple[str, ...] = ()
     root = cache_dir if cache_dir is not None else Store.default_root()
     # As in build: validate before the store is opened, except for a built-in model or
     # a GGUF file, whose IR is written into the store's models/ folder.
@@ -263,19 +272,26 @@ def generate(
                 streamer=write.token,
             )
             used_load_mode = loader.load_mode.value
+            differences = genai_differences(loader)
+            # Builds no token of this answer needs: not waited for unless asked.
+            abandoned = () if prewarm else loader.builds_in_flight()
+            loader.close(wait_for_builds=not abandoned)
         write.finish()
     finally:
-        if store is not None:
+        # An abandoned build may still use the store: the process exits past it.
+        if store is not None and not abandoned:
             store.close()
 
     if as_json:
         document = _json_document(generation, prompt_ids)
-        document["load_mode"] = used_load_mode
+        document |= {"load_mode": used_load_mode, "abandoned_builds": list(abandoned)}
+        document["genai_differences"] = [d.as_json() for d in differences]
         if codec.can_decode:
             document["text"] = codec.decode(generation.token_ids)
         emit_json(document)
         return
-    click.echo(_summary(generation), err=True)
+    left = f"; left {', '.join(abandoned)} unbuilt (--prewarm waits)" if abandoned else ""
+    click.echo(_summary(generation) + left, err=True)
 
 
 class _Writer:

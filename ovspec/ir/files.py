@@ -1,4 +1,5 @@
-"""The file names of an OpenVINO model folder, and an IR's rt_info read without OpenVINO.
+"""The file names of an OpenVINO model folder, and an IR's rt_info and weight types read
+without OpenVINO.
 
 Owns what both model folders and GGUF intake need to know about the files on disk,
 so neither imports the other.
@@ -7,6 +8,7 @@ so neither imports the other.
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -58,3 +60,21 @@ def read_rt_info(xml: Path) -> dict[str, str]:
     if info is None:
         return {}
     return {child.tag: child.attrib["value"] for child in info if "value" in child.attrib}
+
+
+# A weight constant in IR v10/v11 XML: a Const layer's data with its place in the .bin.
+_CONST_DATA = re.compile(rb'<data element_type="(\w+)"[^>]*\boffset="\d+" size="(\d+)"')
+_WEIGHT_MIN_BYTES = 4096  # smaller integer constants are indices and masks, not weights
+# Weights stored compressed (integer with scales): OpenVINO's CPU plugin repacks them at
+# compile, so they end up in every blob, weightless or not (docs/weightless.md).
+COMPRESSED_WEIGHT_TYPES = frozenset({"u4", "i4", "u8", "i8", "nf4", "f4e2m1"})
+
+
+def compressed_weight_types(xml: Path) -> frozenset[str]:
+    """The compressed element types among the IR's weight constants (empty: none)."""
+    found = {
+        m.group(1).decode()
+        for m in _CONST_DATA.finditer(xml.read_bytes())
+        if int(m.group(2)) >= _WEIGHT_MIN_BYTES
+    }
+    return frozenset(found & COMPRESSED_WEIGHT_TYPES)

@@ -217,6 +217,17 @@ def gguf_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def gguf_source_name(folder: Path) -> str | None:
+    """The file name a store's GGUF model folder was built from (None: not such a folder,
+    or its manifest is unreadable)."""
+    try:
+        manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    source = manifest.get("source") if isinstance(manifest, dict) else None
+    return Path(source).name if isinstance(source, str) and source else None
+
+
 def import_gguf(path: str | Path, models_root: Path | None) -> Path:
     """The IR folder of a GGUF file, built once through openvino-genai under
     ``models_root`` (None: no store is open to build it into); returns the folder."""

@@ -59,6 +59,7 @@ __all__ = [
     "open",
     "open_rungs",
     "passed_rungs_released",
+    "reachable_tokens",
 ]
 
 
@@ -239,7 +240,7 @@ def decode(
     if choice.failover:
         warnings.warn(choice.note, KVLayoutWarning, stacklevel=2)
     first = ladder.rung_for(len(prompt_ids))
-    loader.start(first)
+    loader.start(first, reachable_tokens(prompt_ids, forced_ids, max_new_tokens))
     prompt_ready_s = time.perf_counter() - origin
     prefault = Prefault(ladder, prefault_lead_tokens) if prefault_lead_tokens else None
     kv = make_kv(choice.layout, roles, first, ladder.top_tokens, prefault, ladder)
@@ -286,7 +287,9 @@ def _decode_paged(
     first = ladder.rung_for(len(prompt_ids))
     loader.start(first)
     ready_s = time.perf_counter() - origin
-    sequence = loader.sequence(first)
+    sequence = loader.sequence(
+        first, reachable_tokens(prompt_ids, feed.forced_ids, feed.max_new_tokens)
+    )
     trace = KVTrace(sequence.kv, origin, measure_physical)
     try:
         run = feed.run(sequence, sequence.kv, trace, prompt_ids, origin)
@@ -309,12 +312,21 @@ def _decode_paged(
     )
 
 
+def reachable_tokens(
+    prompt_ids: Sequence[int], forced_ids: Sequence[int] | None, max_new_tokens: int
+) -> int:
+    """The KV positions a request can fill: its prompt and the tokens it feeds back. The
+    loader starts no rung above the one holding them."""
+    # Greedy decoding never feeds its last token back; teacher forcing feeds them all.
+    fed = len(forced_ids) if forced_ids is not None else max(max_new_tokens - 1, 0)
+    return len(prompt_ids) + fed
+
+
 def _check_fits(
     ladder: Ladder, prompt_ids: Sequence[int], forced_ids: Sequence[int] | None, max_new: int
 ) -> None:
     """Refuse a request whose KV would outgrow the top rung."""
-    # Greedy decoding never feeds its last token back; teacher forcing feeds them all.
-    fed = len(forced_ids) if forced_ids is not None else max(max_new - 1, 0)
+    fed = reachable_tokens(prompt_ids, forced_ids, max_new) - len(prompt_ids)
     if len(prompt_ids) + fed > ladder.top_tokens:
         raise BadRequestError(
             f"{len(prompt_ids)} prompt tokens and {fed} fed-back tokens need "

@@ -6,24 +6,20 @@ it must; ``prefetch(spec)`` queues the same work on one background worker. A pol
 decides what is compiled when: ``eager`` (every rung before the first token),
 ``one_ahead`` (the first rung in the foreground, then one successor in the background
 after each switch, earlier when a deadline plan says a window is too short) and
-``on_demand`` (compile at the boundary: the stall baseline).
+``on_demand`` (compile at the boundary: the stall baseline). No policy starts a rung
+beyond the request's reachable length (``start(..., reachable_tokens=)``).
 Every compile, import, hit and wait is an event with times relative to ``open``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-
-import numpy as np
-import openvino as ov
 
 from ovspec.compile.compiler import Compiler, Program
 from ovspec.compile.halves import CompiledGraph, HalvedCompiledModel
@@ -34,10 +30,12 @@ from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.kv import KVLayout
-from ovspec.runtime.schedule import WindowPlan, successors_to_start
+from ovspec.runtime.schedule import WindowPlan, reachable_top_tokens, successors_to_start
+from ovspec.runtime.tokenizer import Tokenizer
+from ovspec.runtime.worker import Worker, builds_left_running, warm_up
 from ovspec.store.local import Store
 
-__all__ = ["EventKind", "Loader", "LoaderEvent", "Policy", "WindowPlan"]
+__all__ = ["EventKind", "Loader", "LoaderEvent", "Policy", "WindowPlan", "builds_left_running"]
 
 
 class Policy(Enum):
@@ -111,12 +109,7 @@ class Loader:
         self.worker_cores = worker_cores
         self._pin_threads = pin_threads
         self._split_begun = False
-        self._worker = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="ovspec-loader",
-            initializer=_prepare_worker,
-            initargs=(worker_cores,),
-        )
+        self._worker = Worker(worker_cores)
         self._closed = False
         self._on_close = list(on_close)
         # Called once, at the first get of a decode graph (after the prompt), or as an
@@ -125,11 +118,18 @@ class Loader:
         # A lazy start compiles the graph its prompt waits for as two halves on two cores
         # (``Compiler.load(halves=True)``) when nothing else loads meanwhile.
         self.halve_prompt_graph = halve_prompt_graph
+        # KV positions the current request can fill (prompt + fed-back tokens); no rung
+        # beyond the one holding them is started. None: any rung may be reached.
+        self.reachable_tokens: int | None = None
+        self._tokenizer: Tokenizer | None = None
 
     # -- public API ---------------------------------------------------------------
 
-    def start(self, first_capacity_tokens: int) -> None:
+    def start(self, first_capacity_tokens: int, reachable_tokens: int | None = None) -> None:
         """Foreground work before the prompt can run, as the policy prescribes.
+
+        ``reachable_tokens``: the KV positions the request can fill (prompt and fed-back
+        tokens); no policy builds a rung above the one holding them. None: any rung.
 
         One-ahead and on-demand return as soon as the graph the prompt needs is ready
         (the prefill graph, or the decode graph without one); the first rung's decode
@@ -141,6 +141,7 @@ class Loader:
         Eager loads every rung before returning, two at a time (every other one on
         the worker: a CPU compile keeps about one core busy).
         """
+        self.reachable_tokens = reachable_tokens
         try:
             self._start(first_capacity_tokens)
         finally:
@@ -159,7 +160,8 @@ class Loader:
         shared = prefill is not None and self.graph_spec(decode) == self.graph_spec(prefill)
         if self.policy is Policy.EAGER:
             self._steady()
-            rungs = [c for c in self.ladder if c >= first_capacity_tokens]
+            top = self.reachable_top_tokens
+            rungs = [c for c in self.ladder if first_capacity_tokens <= c <= top]
             later = [Specialization.decode(c) for c in rungs[1:]]
             # A decode served by the prompt's graph is taken last, once that graph is in:
             # no worker slot waits on it.
@@ -286,6 +288,15 @@ class Loader:
         self.warm_up = False
 
     @property
+    def reachable_top_tokens(self) -> int:  # the top rung the current request can reach
+        return reachable_top_tokens(self.ladder, self.reachable_tokens)
+
+    def builds_in_flight(self) -> tuple[str, ...]:
+        """Labels of loads nobody has taken yet (running or queued): what ``close`` waits for."""
+        with self._lock:
+            return tuple(spec.label for spec, f in self._pending.items() if not f.done())
+
+    @property
     def origin_s(self) -> float:
         """The ``perf_counter`` value event times are measured from."""
         return self._opened_s
@@ -307,12 +318,23 @@ class Loader:
         return self._compiler.load_mode
 
     @property
+    def device(self) -> str:
+        return self._compiler.device
+
+    @property
     def properties(self) -> dict[str, str]:  # what graphs are compiled or imported with
         return dict(self._compiler.properties)
 
     @property
     def model_dir(self) -> ModelDir:
         return self._compiler.model_dir
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (text in and out), made on first use."""
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(self.model_dir)
+        return self._tokenizer
 
     @property
     def weights_path(self) -> Path:
@@ -339,15 +361,20 @@ class Loader:
         with self._lock:
             return list(self._events)
 
-    def close(self) -> None:
-        """Stop the worker (waits for a compile in flight) and drop compiled models."""
+    def close(self, wait_for_builds: bool = True) -> None:
+        """Stop the worker and drop compiled models; queued loads never start. A load in
+        flight (a compile cannot be stopped) is waited for, or with ``wait_for_builds``
+        False left to finish on the worker, which then closes what the loader owns."""
         if self._closed:
             return
         self._closed = True
         with self._lock:
             for future in self._pending.values():
                 future.cancel()
-        self._worker.shutdown(wait=True)
+            running = [f for f in self._pending.values() if not f.done()]
+        self._worker.close(running, wait=wait_for_builds, then=self._release_all)
+
+    def _release_all(self) -> None:
         with self._lock:
             self._programs.clear()
             self._pending.clear()
@@ -445,7 +472,8 @@ class Loader:
             plan.window_s if plan is not None else {},
             plan.rule if plan is not None else None,
         )
-        return [(Specialization.decode(c), note) for c, note in picked]
+        top = self.reachable_top_tokens
+        return [(Specialization.decode(c), note) for c, note in picked if c <= top]
 
     def _record(
         self,
@@ -469,32 +497,3 @@ class Loader:
 
 def _as_spec(spec: Specialization | int) -> Specialization:
     return Specialization.decode(spec) if isinstance(spec, int) else spec
-
-
-def warm_up(compiled: CompiledGraph) -> float:
-    """Run one throwaway inference; returns its seconds.
-
-    A compiled model's first inference pays one-time costs (CPU: allocations and
-    weight repacking, 10-30 ms on a small model). Paying them here, on the loader's
-    thread, keeps them out of the first decode step after a boundary.
-    """
-    began = time.perf_counter()
-    request = compiled.create_infer_request()
-    for port in compiled.inputs:
-        # A graph taking 1..P tokens is warmed with one: a decode-shaped call.
-        dims = [d.get_min_length() if d.is_dynamic else d.get_length() for d in port.partial_shape]
-        request.set_tensor(port, ov.Tensor(np.zeros(dims, dtype=port.element_type.to_dtype())))
-    request.infer()
-    return time.perf_counter() - began
-
-
-def _prepare_worker(cores: tuple[int, ...] | None) -> None:
-    if cores is not None:
-        os.sched_setaffinity(0, cores)  # Linux: this thread only
-    _lower_priority()
-
-
-def _lower_priority() -> None:
-    """Let the decode thread win the cores from background compiles (per-thread nice)."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

@@ -1,7 +1,8 @@
 """The paged path (``load_mode="paged"``, CPU): one PagedAttention graph compiled from the
 IR serves the prompt, in chunks, and every decode step. Attention reads only the live
 blocks, so a step costs what its live length costs, not its rung's capacity. The KV is
-block arrays this module owns, reserved one rung at a time and grown at a boundary.
+block arrays this module owns, reserved one rung at a time and grown at a boundary; a
+rung the request cannot fill is reserved only up to the request's reachable length.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ovspec.runtime import vmem
 from ovspec.runtime.kvcache import Migration
 from ovspec.runtime.loader import EventKind, LoaderEvent, Policy
 from ovspec.runtime.session import BoundaryRecord, StepRecord
+from ovspec.runtime.tokenizer import Tokenizer
 from ovspec.store.local import Store
 
 # The CPU plugin's PagedAttention block: tokens per block of every cache array.
@@ -45,14 +47,21 @@ def cache_layouts(compiled: ov.CompiledModel) -> dict[str, tuple[ov.Shape, ov.Ty
 class BlockKV:
     """One sequence's KV as ``[blocks, ...]`` byte arrays, one per cache input, typed as
     the compiled graph wants (bf16, u8 or u4 included), holding its rung's capacity;
-    growing to a larger rung copies the live blocks once."""
+    growing to a larger rung copies the live blocks once. ``reserved_tokens`` (at most the
+    capacity) holds fewer blocks where the sequence cannot fill its rung."""
 
-    def __init__(self, layouts: dict[str, tuple[ov.Shape, ov.Type]], capacity_tokens: int) -> None:
+    def __init__(
+        self,
+        layouts: dict[str, tuple[ov.Shape, ov.Type]],
+        capacity_tokens: int,
+        reserved_tokens: int | None = None,
+    ) -> None:
         self._layouts = layouts
         self.capacity_tokens = capacity_tokens
+        self.reserved_tokens = min(reserved_tokens or capacity_tokens, capacity_tokens)
         self.live_tokens = 0
         self.measure_physical = False
-        self._arrays = self._allocate(capacity_tokens)
+        self._arrays = self._allocate(self.reserved_tokens)
 
     def _allocate(self, capacity_tokens: int) -> dict[str, np.ndarray]:
         blocks = math.ceil(capacity_tokens / BLOCK_TOKENS)
@@ -68,13 +77,15 @@ class BlockKV:
             for kind in (self._layouts[name][1],)
         }
 
-    def grow(self, capacity_tokens: int) -> Migration:
-        """Move to ``capacity_tokens``: new arrays, the live blocks copied, the old freed."""
+    def grow(self, capacity_tokens: int, reserved_tokens: int | None = None) -> Migration:
+        """Move to ``capacity_tokens`` (``reserved_tokens`` of it): new arrays, the live
+        blocks copied, the old freed."""
         if capacity_tokens <= self.capacity_tokens:
             raise LadderError(f"cannot grow KV from {self.capacity_tokens} to {capacity_tokens}")
         began = time.perf_counter()
         old, old_bytes = self._arrays, self.reserved_bytes
-        new = self._allocate(capacity_tokens)
+        reserved = min(reserved_tokens or capacity_tokens, capacity_tokens)
+        new = self._allocate(reserved)
         live_blocks = math.ceil(self.live_tokens / BLOCK_TOKENS)
         copied = 0
         for name, array in old.items():
@@ -94,7 +105,7 @@ class BlockKV:
             peak_reserved_bytes=old_bytes + allocated,
             copy_seconds=copy_s,
         )
-        self.capacity_tokens = capacity_tokens
+        self.capacity_tokens, self.reserved_tokens = capacity_tokens, reserved
         return migration
 
     @property
@@ -138,8 +149,9 @@ class PagedLoader:
     ) -> None:
         self.ladder = ladder
         # What a saved session's key reads: the model's files and the store it lives in.
-        self.model_dir = model_dir
+        self.model_dir = model_dir  # None: the folder holding xml_path, when asked
         self.store = store
+        self._tokenizer: Tokenizer | None = None
         self.device = device
         self.properties = dict(properties)
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -157,6 +169,13 @@ class PagedLoader:
     @property
     def origin_s(self) -> float:
         return self._opened_s
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (text in and out), made on first use."""
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(self.model_dir or ModelDir.open(self._xml_path.parent))
+        return self._tokenizer
 
     @property
     def events(self) -> list[LoaderEvent]:
@@ -211,7 +230,11 @@ class PagedLoader:
         self._vocab_tokens = paged.vocab_tokens
         return compiled
 
-    def sequence(self, first_capacity_tokens: int) -> PagedSequence:
+    def sequence(
+        self, first_capacity_tokens: int, reachable_tokens: int | None = None
+    ) -> PagedSequence:
+        """A sequence starting on ``first_capacity_tokens``; ``reachable_tokens`` (the KV
+        positions its request can fill) caps what each rung reserves."""
         self.start()
         assert self._compiled is not None
         return PagedSequence(
@@ -220,14 +243,27 @@ class PagedLoader:
             first_capacity_tokens,
             self.prefill_chunk_tokens,
             self._opened_s,
+            reachable_tokens,
         )
+
+    def compiled_properties(self, names: Sequence[str]) -> dict[str, object]:
+        """The compiled graph's values of ``names`` (those it reports), compiling it first."""
+        self.start()
+        assert self._compiled is not None
+        supported = set(self._compiled.get_property("SUPPORTED_PROPERTIES"))
+        return {name: self._compiled.get_property(name) for name in names if name in supported}
+
+    def builds_in_flight(self) -> tuple[str, ...]:
+        """Nothing: the one graph is compiled in the foreground."""
+        return ()
 
     def _record(self, kind: EventKind, at: float, seconds: float, note: str = "") -> None:
         self._events.append(
             LoaderEvent(kind, PAGED_LABEL, at - self._opened_s, True, seconds, note)
         )
 
-    def close(self) -> None:
+    def close(self, wait_for_builds: bool = True) -> None:
+        """Drop the graph (``wait_for_builds``: as ``Loader.close``; nothing builds here)."""
         with self._lock:
             if self._closed:
                 return
@@ -253,11 +289,15 @@ class PagedSequence:
         capacity_tokens: int,
         chunk_tokens: int,
         origin_s: float,
+        reachable_tokens: int | None = None,
     ) -> None:
         self.ladder = ladder
         self.chunk_tokens = chunk_tokens
+        self.reachable_tokens = reachable_tokens
         self.request = compiled.create_infer_request()
-        self.kv = BlockKV(cache_layouts(compiled), capacity_tokens)
+        self.kv = BlockKV(
+            cache_layouts(compiled), capacity_tokens, self._reserved_tokens(capacity_tokens, 0)
+        )
         self._bind_kv()
         self._origin_s = origin_s
         self.steps: list[StepRecord] = []
@@ -281,7 +321,13 @@ class PagedSequence:
         live, n = self.kv.live_tokens, len(token_ids)
         total = live + n
         if total > self.kv.capacity_tokens:
-            self._grow(self.ladder.rung_for(total))
+            rung = self.ladder.rung_for(total)
+            self._grow(rung, self._reserved_tokens(rung, total))
+        elif total > self.kv.reserved_tokens:  # past the reachable length it was given
+            raise LadderError(
+                f"{total} KV positions exceed the {self.kv.reserved_tokens} this sequence "
+                "reserved for its request's reachable length"
+            )
         self.feed(token_ids)
         r = self.request
         began = time.perf_counter()
@@ -317,11 +363,19 @@ class PagedSequence:
 
     def grow_to(self, capacity_tokens: int) -> None:
         """Move the KV to ``capacity_tokens`` now (a boundary), live blocks kept."""
-        self._grow(capacity_tokens)
+        self._grow(capacity_tokens, self._reserved_tokens(capacity_tokens, self.kv.live_tokens))
 
-    def _grow(self, capacity_tokens: int) -> None:
+    def _reserved_tokens(self, rung_tokens: int, needed_tokens: int) -> int:
+        """What a rung reserves: its capacity, or the whole blocks that hold the request's
+        reachable length when that is less (never fewer than ``needed_tokens``)."""
+        if self.reachable_tokens is None:
+            return rung_tokens
+        reachable = max(self.reachable_tokens, needed_tokens, 1)
+        return min(rung_tokens, math.ceil(reachable / BLOCK_TOKENS) * BLOCK_TOKENS)
+
+    def _grow(self, capacity_tokens: int, reserved_tokens: int) -> None:
         began = time.perf_counter()
-        migration = self.kv.grow(capacity_tokens)
+        migration = self.kv.grow(capacity_tokens, reserved_tokens)
         bound = time.perf_counter()
         self._bind_kv()
         self.boundaries.append(

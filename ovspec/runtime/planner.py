@@ -235,6 +235,7 @@ def _measured_costs(
 ) -> None:
     """Each rung made ready through the store and a short decode timed on it (an
     on-demand loader: nothing compiles behind the measurement)."""
+    from ovspec.compile.modes import LoadMode
     from ovspec.runtime.costs import measure
     from ovspec.runtime.decoding import open_rungs as open_loader
     from ovspec.runtime.loader import Policy
@@ -254,6 +255,7 @@ def _measured_costs(
         measured = measure(
             loader, rungs, request.prompt_tokens, request.measure_steps, on_progress=on_progress
         )
+        stored = loader.load_mode is LoadMode.IMPORT  # else compiled from the IR, unstored
     for m in measured.rungs:
         gathered.details[m.capacity_tokens]["measured"] = {
             "store_hit": m.store_hit,
@@ -280,9 +282,20 @@ def _measured_costs(
         gathered.prefill_note = (
             f"{measured.prefill_label} {measured.prefill_compile_s:.3f} s measured"
         )
-        gathered.sources["compile"] = (
+        gathered.sources["compile"] = _measured_compile_source(stored)
+
+
+def _measured_compile_source(stored: bool) -> str:
+    """Where measured compile costs came from: builds into the store (import mode), or
+    compiles from the IR that store nothing (the CPU's rung graphs)."""
+    if stored:
+        return (
             "measured: store build (compile + export; the recorded ones on a hit) + import just now"
         )
+    return (
+        "measured: compiled from the IR just now (nothing stored; "
+        "--load-mode import builds into the store)"
+    )
 
 
 def _history_costs(

@@ -124,3 +124,11 @@ def _start_reason(rung: int, entered: int, latest_s: float, boundary_s: float) -
     else:
         when = f"must start within {latest_s:.2f} s of entering rung {entered}"
     return f"compile of {rung} {when}, before the boundary at {boundary_s:.2f} s"
+
+
+def reachable_top_tokens(ladder: Ladder, reachable_tokens: int | None) -> int:
+    """The rung that holds ``reachable_tokens`` KV positions (None, or more than the
+    ladder holds: its top): no request needs a rung above it."""
+    if reachable_tokens is None or reachable_tokens >= ladder.top_tokens:
+        return ladder.top_tokens
+    return ladder.rung_for(max(reachable_tokens, 1))

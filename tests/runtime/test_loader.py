@@ -13,7 +13,14 @@ from ovspec.compile.compiler import BuildOutcome, Program
 from ovspec.errors import CompileError
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder
-from ovspec.runtime.loader import EventKind, Loader, Policy, WindowPlan
+from ovspec.runtime.loader import (
+    EventKind,
+    Loader,
+    Policy,
+    WindowPlan,
+    builds_left_running,
+)
+from ovspec.runtime.schedule import reachable_top_tokens
 
 LADDER = Ladder((32, 64, 128, 256))
 
@@ -218,3 +225,57 @@ def test_only_the_graph_the_prompt_waits_for_is_halved(policy: Policy, sharing: 
         loader.get(64)
     assert fake.halved == (["prefill@32x16"] if sharing else [])
     assert {"decode@32", "decode@64"} <= set(fake.loaded)
+
+
+# -- the request's reachable length -----------------------------------------------------
+
+
+def test_one_ahead_never_starts_a_rung_the_request_cannot_reach() -> None:
+    fake = FakeCompiler()
+    with Loader(fake, LADDER, Policy.ONE_AHEAD, warm_up=False) as loader:  # type: ignore[arg-type]
+        loader.start(32, reachable_tokens=60)  # 60 KV positions: rung 64 at most
+        assert loader.reachable_top_tokens == 64
+        loader.get(32)  # queues 64: the request reaches it
+        wait_idle(loader, Specialization.decode(64))
+        loader.get(64)  # would queue 128 without the cap
+        time.sleep(0.05)
+        assert sorted(fake.loaded) == ["decode@32", "decode@64"]
+        assert loader.builds_in_flight() == ()
+        # A new request that reaches further lifts the cap.
+        loader.start(32, reachable_tokens=200)
+        loader.get(64)
+        wait_idle(loader, Specialization.decode(128))
+        assert "decode@256" not in fake.loaded
+
+
+def test_eager_builds_only_the_rungs_the_request_can_reach() -> None:
+    fake = FakeCompiler()
+    with Loader(fake, LADDER, Policy.EAGER, prefill_chunk_tokens=16, warm_up=False) as loader:  # type: ignore[arg-type]
+        loader.start(32, reachable_tokens=64)  # exactly rung 64's capacity
+        assert sorted(fake.loaded) == sorted(["prefill@32x16", "decode@32", "decode@64"])
+
+
+@pytest.mark.parametrize(
+    ("reachable", "top"), [(None, 256), (1, 32), (33, 64), (256, 256), (10_000, 256)]
+)
+def test_the_reachable_top_is_the_rung_that_holds_the_request(
+    reachable: int | None, top: int
+) -> None:
+    assert reachable_top_tokens(LADDER, reachable) == top
+
+
+def test_close_without_waiting_leaves_the_build_to_finish_on_the_worker() -> None:
+    gate = threading.Event()
+    closed = threading.Event()
+    fake = FakeCompiler(gates={64: gate})
+    loader = Loader(fake, LADDER, Policy.ONE_AHEAD, warm_up=False, on_close=(closed.set,))  # type: ignore[arg-type]
+    loader.start(32)
+    loader.get(32)  # decode@64 starts behind, held at its gate
+    wait_until(lambda: loader.builds_in_flight() == ("decode@64",), "decode@64 under way")
+    loader.close(wait_for_builds=False)  # returns with the build still running
+    assert not closed.is_set() and builds_left_running()
+    gate.set()
+    wait_until(closed.is_set, "the owned resources closed after the build")
+    wait_until(lambda: not builds_left_running(), "the worker to end")
+    with pytest.raises(Exception, match="closed"):
+        loader.get(64)
