@@ -237,7 +237,7 @@ def generate(
         )
 
     from ovspec.ir.model_dir import resolve_model
-    from ovspec.runtime.decoding import Tuning, check_prompt_ids
+    from ovspec.runtime.decoding import Tuning, check_prompt_ids, check_request_fits
     from ovspec.runtime.decoding import open as open_loader
     from ovspec.runtime.generation import generate as run_generation
     from ovspec.runtime.kv import KVLayoutWarning
@@ -253,7 +253,8 @@ def generate(
     facts = checked_model(model, ladder)
     check_device(device, dict(config))
     asked = Prompt(prompt, chat, tuple(ids) if ids is not None else None)
-    check_before_store(asked, facts, ladder)
+    stop_strings = bool(sampling.stop_strings)
+    check_before_store(asked, facts, ladder, sampling.max_new_tokens, stop_strings)
     store = None
     try:
         if facts.model_dir is not None:
@@ -264,6 +265,7 @@ def generate(
         codec = TextCodec.for_model(model_dir, model)
         prompt_ids = asked.token_ids(model_dir, codec, model)
         check_prompt_ids(prompt_ids, None, ladder.top_tokens)  # a tokenized prompt's length
+        check_request_fits(ladder, prompt_ids, None, sampling.max_new_tokens)
         settings = dataclasses.replace(sampling, eos_token_ids=eos_token_ids(model_dir))
         store = store or open_store(root, remote)
         write = _Writer(codec.stream() if codec.can_decode else None, quiet=as_json)

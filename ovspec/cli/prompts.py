@@ -65,21 +65,29 @@ def _read(path: Path, where: str) -> str:
     return text
 
 
-def check_before_store(asked: Prompt, facts: ModelFacts, ladder: Ladder) -> None:
+def check_before_store(
+    asked: Prompt, facts: ModelFacts, ladder: Ladder, max_new_tokens: int, stop_strings: bool
+) -> None:
     """What can be refused about ``asked`` on ``facts`` alone: an empty text, a text or
-    chat message for a model with no tokenizer, ids outside the vocabulary or more of
-    them than the top rung holds. A tokenized prompt's length is checked once its
-    tokenizer exists (a folder's before the store opens, a GGUF file's after its IR is
-    built)."""
-    from ovspec.runtime.decoding import check_prompt_ids
+    chat message (or ``stop_strings``) for a model with no tokenizer, ids outside the
+    vocabulary, or ids and ``max_new_tokens`` that outgrow the top rung. A tokenized
+    prompt's length is checked once its tokenizer exists (a folder's before the store
+    opens, a GGUF file's after its IR is built)."""
+    from ovspec.runtime.decoding import check_prompt_ids, check_request_fits
     from ovspec.runtime.textcodec import TextCodec
 
     if asked.text is not None and not asked.text:
         raise BadRequestError("the prompt is empty; give some text")
     if asked.chat is not None and not asked.chat:
         raise BadRequestError("the chat message is empty; give some text")
+    if stop_strings and not facts.has_tokenizer:
+        raise BadRequestError(
+            "stop strings need the model's tokenizer and detokenizer IRs; "
+            "use stop token ids instead"
+        )
     if asked.ids is not None:
         check_prompt_ids(asked.ids, facts.vocab_tokens, ladder.top_tokens)
+        check_request_fits(ladder, asked.ids, None, max_new_tokens)
     elif not facts.has_tokenizer:
         if asked.chat is not None:
             raise BadRequestError(

@@ -29,6 +29,10 @@ BAD_INPUTS: list[tuple[str, list[str]]] = [
     ("generate-unknown-preset", ["generate", "builtin:nope", "--ids", "1"]),
     ("generate-no-prompt", ["generate", "builtin:tiny"]),
     ("generate-two-prompts", ["generate", "builtin:tiny", "hi", "--ids", "1"]),
+    (
+        "generate-stop-string-without-tokenizer",
+        ["generate", "builtin:tiny", "--ids", "1", "--stop-string", "x"],
+    ),
     ("generate-chat-without-tokenizer", ["generate", "builtin:tiny", "--chat", "hi"]),
     (
         "generate-ladder-past-positions",
@@ -40,6 +44,11 @@ BAD_INPUTS: list[tuple[str, list[str]]] = [
         "generate-prompt-over-top-rung",
         ["generate", "builtin:tiny", "--ids", TOO_LONG_PROMPT, "--ladder", "32"],
     ),
+    (
+        "generate-answer-over-top-rung",
+        ["generate", "builtin:tiny", "--ids", "1", "--ladder", "32", "--max-new-tokens", "64"],
+    ),
+    ("generate-folder-text-over-top-rung", ["generate", QWEN2, "Hello " * 40, "--ladder", "32"]),
     ("generate-folder-id-outside-vocab", ["generate", QWEN2, "--ids", "1,999999"]),
     ("generate-folder-empty-prompt", ["generate", QWEN2, ""]),
     ("generate-missing-gguf", ["generate", "missing.gguf", "--ids", "1"]),
