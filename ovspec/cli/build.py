@@ -12,6 +12,7 @@ import click
 from ovspec.cli import cli
 from ovspec.cli.options import (
     MAX_JOBS,
+    announce,
     blob_mode_option,
     cache_dir_option,
     check_device,
@@ -94,7 +95,7 @@ def build(
         model_dir = facts.model_dir
     else:
         store = open_store(root, remote)
-        model_dir = resolve_model(model, store.models_folder)
+        model_dir = resolve_model(model, store.models_folder, announce=announce)
     plan = BuildPlan(
         model=model_dir,
         ladder=ladder,

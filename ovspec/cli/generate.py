@@ -38,7 +38,7 @@ from ovspec.cli.options import (
     tokens_range,
 )
 from ovspec.cli.perfmetrics import PerfMetrics
-from ovspec.cli.prompts import check_before_store, prompt_text
+from ovspec.cli.prompts import asked_prompt, check_before_store
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
@@ -225,24 +225,16 @@ def generate(
     Greedy unless --do-sample. Text goes to stdout as tokens arrive, then a one-line
     summary to stderr. A text prompt needs the model's openvino_tokenizer.xml; unlike
     openvino-genai's generate(text), PROMPT is not put through the chat template: --chat is.
-    PROMPT or --chat given as -, or --prompt-file/--chat-file, read the text from stdin or
-    a file. Slow first steps (a GGUF conversion, a built-in model written, the first graph
-    compiled) say so on stderr unless --quiet.
+    PROMPT or --chat as -, or --prompt-file/--chat-file: the text from stdin or a file.
+    Slow first steps (GGUF conversion, first compile) say so on stderr unless --quiet.
     """
-    prompt = prompt_text(prompt, prompt_file, "PROMPT", "--prompt-file")
-    chat = prompt_text(chat, chat_file, "--chat", "--chat-file")
-    if sum(x is not None for x in (prompt, ids, chat)) != 1:
-        raise click.UsageError(
-            "give exactly one of PROMPT (text), --chat (a message) or --ids (token ids)"
-        )
-
+    asked = asked_prompt(prompt, chat, ids, prompt_file, chat_file)
     from ovspec.ir.model_dir import resolve_model
     from ovspec.runtime.decoding import Tuning, check_prompt_ids, check_request_fits
     from ovspec.runtime.decoding import open as open_loader
     from ovspec.runtime.generation import generate as run_generation
     from ovspec.runtime.kv import KVLayoutWarning
     from ovspec.runtime.loader import Policy
-    from ovspec.runtime.prompting import Prompt
     from ovspec.runtime.textcodec import TextCodec, eos_token_ids
     from ovspec.store.local import Store
 
@@ -252,9 +244,7 @@ def generate(
     # written into it: bad input leaves the store as it was.
     facts = checked_model(model, ladder)
     check_device(device, dict(config))
-    asked = Prompt(prompt, chat, tuple(ids) if ids is not None else None)
-    stop_strings = bool(sampling.stop_strings)
-    check_before_store(asked, facts, ladder, sampling.max_new_tokens, stop_strings)
+    check_before_store(asked, facts, ladder, sampling.max_new_tokens, bool(sampling.stop_strings))
     store = None
     try:
         if facts.model_dir is not None:

@@ -21,6 +21,27 @@ STDIN = "-"
 MAX_PROMPT_FILE_BYTES = 64 * 2**20
 
 
+def asked_prompt(
+    text: str | None,
+    chat: str | None,
+    ids: list[int] | None,
+    text_file: Path | None,
+    chat_file: Path | None,
+) -> Prompt:
+    """Exactly one of a text, a chat message (either from a file or stdin) or ids."""
+    import click
+
+    from ovspec.runtime.prompting import Prompt
+
+    text = prompt_text(text, text_file, "PROMPT", "--prompt-file")
+    chat = prompt_text(chat, chat_file, "--chat", "--chat-file")
+    if sum(x is not None for x in (text, chat, ids)) != 1:
+        raise click.UsageError(
+            "give exactly one of PROMPT (text), --chat (a message) or --ids (token ids)"
+        )
+    return Prompt(text, chat, tuple(ids) if ids is not None else None)
+
+
 def prompt_text(
     argument: str | None, file: Path | None, argument_name: str, file_option: str
 ) -> str | None:
