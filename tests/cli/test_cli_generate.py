@@ -258,10 +258,12 @@ def test_the_remap_layout_from_the_command_line(tiny_cache: Path) -> None:
     assert auto.exit_code == 0 and "KV remap" in auto.stderr
     fallback = run(
         "generate", *args[:3], "--ladder", "32,64", "--max-new-tokens", "40", *args[7:],
-        "--load-mode", "compile",
+        "--load-mode", "compile", "--verbose",
     )  # fmt: skip
     assert fallback.exit_code == 0
     assert "KV copy-and-grow (rung 32 not page-aligned" in fallback.stderr
+    plain = fallback.stderr.splitlines()[-2]  # the technical line is --verbose's, after it
+    assert "page-aligned" not in plain and plain.startswith("40 tokens"), plain
 
 
 # -- bad input ----------------------------------------------------------------------
