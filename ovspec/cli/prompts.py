@@ -46,8 +46,8 @@ def prompt_text(
     argument: str | None, file: Path | None, argument_name: str, file_option: str
 ) -> str | None:
     """The text given as ``argument`` (``-``: stdin) or in ``file`` (``-``: stdin); None
-    when neither is given. BadRequestError (one line) for both at once, a file that is
-    missing, unreadable, too large, not UTF-8, or holds nothing."""
+    when neither is given; trailing line ends dropped. BadRequestError (one line) for
+    both at once, a file that is missing, unreadable, too large, not UTF-8, or blank."""
     if argument is not None and file is not None:
         raise BadRequestError(f"give {argument_name} or {file_option}, not both")
     if file is not None:
@@ -83,7 +83,9 @@ def _read(path: Path, where: str) -> str:
         ) from None
     if not text.strip():
         raise BadRequestError(f"{where}: {source} holds no text; give a prompt")
-    return text
+    # Trailing line ends are dropped, as the shell's "$(cat FILE)" drops them: `echo Hi |`
+    # and a file saved by an editor give the prompt typed on the command line.
+    return text.rstrip("\r\n")
 
 
 def check_before_store(

@@ -48,14 +48,14 @@ def text_ids(tmp_path_factory: pytest.TempPathFactory) -> list[int]:
 
 def test_prompt_from_stdin(text_ids: list[int], tmp_path: Path) -> None:
     result = run(
-        ["generate", QWEN2, "-", *FEW, "--json"], tmp_path / "store", "Hello, wörld".encode()
+        ["generate", QWEN2, "-", *FEW, "--json"], tmp_path / "store", "Hello, wörld\n".encode()
     )
     assert prompt_ids(result) == text_ids
 
 
 def test_prompt_from_a_file(text_ids: list[int], tmp_path: Path) -> None:
     file = tmp_path / "prompt.txt"
-    file.write_text("Hello, wörld", encoding="utf-8")
+    file.write_text("Hello, wörld\r\n\n", encoding="utf-8")
     result = run(
         ["generate", QWEN2, "--prompt-file", str(file), *FEW, "--json"], tmp_path / "store"
     )
