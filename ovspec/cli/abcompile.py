@@ -20,6 +20,7 @@ from ovspec.cli.options import (
     SEED,
     FiniteFloatRange,
     cache_dir_option,
+    checked_model,
     chunk_option,
     emit_json,
     json_option,
@@ -253,6 +254,7 @@ def ab_compile(
     arms = _arms(arms_file, config, a_arm, b_arm)
     # A built-in model is written into the store's models folder (the store is opened
     # for that only): no compile of a trial may be a store hit.
+    checked_model(model, rungs)  # before a built-in model is written into the store
     model_dir = model_folder(model, cache_dir)
     plan = TrialPlan.for_rungs(
         model_dir, rungs, Phase(phase), chunk_tokens, device, arms, pairs, seed, timeout_s

@@ -13,6 +13,8 @@ from ovspec.cli import cli
 from ovspec.cli.options import (
     SEED,
     cache_dir_option,
+    check_device,
+    checked_model,
     chunk_option,
     compress_option,
     device_options,
@@ -134,7 +136,6 @@ def bench(
     from ovspec.compile.devices import profile_for
     from ovspec.compile.split import CoreSplit
 
-    model_dir = model_folder(model, cache_dir)
     properties = dict(config) if config else dict(profile_for(device).exact_properties)
     work = out_dir or Path("ovspec-bench")
     cores = CoreSplit.default() if split is not False else None
@@ -142,6 +143,10 @@ def bench(
         raise BadRequestError("--split needs at least 2 usable cores; this process has 1")
     if cores is not None and load_mode != "import":
         raise BadRequestError("--split builds on the host and imports: use --load-mode import")
+    chosen = _protocols(protocols)
+    checked_model(model, ladder)  # every check before a built-in model is written
+    check_device(device, properties)
+    model_dir = model_folder(model, cache_dir)
     bench_config = BenchConfig(
         model=model_dir,
         ladder=ladder,
@@ -154,7 +159,7 @@ def bench(
         prefill_chunk_tokens=chunk_tokens,
         seed=seed,
         work_dir=work / "runs",
-        protocols=_protocols(protocols),
+        protocols=chosen,
         split=cores,
         shared_too=shared_too,
         load_mode=load_mode,

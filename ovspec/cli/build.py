@@ -12,8 +12,11 @@ import click
 from ovspec.cli import cli
 from ovspec.cli.options import (
     MAX_JOBS,
+    announce,
     blob_mode_option,
     cache_dir_option,
+    check_device,
+    checked_model,
     chunk_option,
     compress_option,
     device_options,
@@ -79,26 +82,26 @@ def build(
     started = time.perf_counter()
     from ovspec.compile.devices import profile_for
     from ovspec.compile.modes import BlobMode
-    from ovspec.compile.prewarm import (
-        BuildPlan,
-        all_stored,
-        check_device,
-        check_model,
-        parse_phases,
-        run_build,
-    )
-    from ovspec.ir.model_dir import resolve_model, writes_into_store
+    from ovspec.compile.prewarm import BuildPlan, all_stored, check_model, parse_phases, run_build
+    from ovspec.ir.model_dir import resolve_model
     from ovspec.store.local import Store
 
     root = cache_dir if cache_dir is not None else Store.default_root()
-    # Validate before the store is opened, so bad input leaves it untouched; a built-in
-    # model or a GGUF file is the exception: its IR is written into the store's models/.
-    store = open_store(root, remote) if writes_into_store(model) else None
-    model_dir = resolve_model(model, store.models_folder if store else None)
+    # Every check before the store is opened or a built-in model written into it, so
+    # bad input leaves the store as it was.
+    facts = checked_model(model, ladder)
+    parsed_phases = parse_phases(phases)
+    check_device(device, dict(config))
+    store: Store | None = None
+    if facts.model_dir is not None:
+        model_dir = facts.model_dir
+    else:
+        store = open_store(root, remote)
+        model_dir = resolve_model(model, store.models_folder, announce=announce)
     plan = BuildPlan(
         model=model_dir,
         ladder=ladder,
-        phases=parse_phases(phases),
+        phases=parsed_phases,
         chunk_tokens=chunk_tokens,
         device=device,
         properties=dict(config),
@@ -106,7 +109,6 @@ def build(
         jobs=jobs,
         blob_mode=BlobMode(blob_mode),
     )
-    check_device(plan)
     if store is None and (root / "FORMAT").is_file():
         store = open_store(root, remote)
     # Preparing the model (reading, compressing, stateless) validates it, and costs

@@ -9,6 +9,7 @@ import click
 from ovspec.cli import cli
 from ovspec.cli.options import (
     cache_dir_option,
+    checked_model,
     chunk_option,
     emit_json,
     json_option,
@@ -37,6 +38,7 @@ def doctor(
     from ovspec.ir.normalize import RULE_PRESENT_NAMES
     from ovspec.ir.specialize import Specialization, prefill_specialization
 
+    checked_model(model, ladder)  # before a built-in model is written into the store
     model_dir = model_folder(model, cache_dir)
     rungs = sorted({ladder.capacities_tokens[0], ladder.top_tokens})
     specs = [Specialization.decode(c) for c in rungs]

@@ -24,6 +24,8 @@ from ovspec.cli.options import (
     TOKEN_ID,
     FiniteFloatRange,
     cache_dir_option,
+    check_device,
+    checked_model,
     chunk_option,
     device_options,
     emit_json,
@@ -35,6 +37,8 @@ from ovspec.cli.options import (
     split_option,
     tokens_range,
 )
+from ovspec.cli.perfmetrics import PerfMetrics
+from ovspec.cli.prompts import asked_prompt, check_before_store
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
@@ -142,7 +146,20 @@ def sampling_options(func: F) -> F:
     "--chat",
     "chat",
     default=None,
-    help="A user message, put through the model's chat template (PROMPT is used as is).",
+    help="A user message, put through the model's chat template (PROMPT is used as is); "
+    "- reads it from stdin.",
+)
+@click.option(
+    "--prompt-file",
+    type=click.Path(dir_okay=True, path_type=Path, allow_dash=True),
+    default=None,
+    help="Read PROMPT from this UTF-8 file (- for stdin).",
+)
+@click.option(
+    "--chat-file",
+    type=click.Path(dir_okay=True, path_type=Path, allow_dash=True),
+    default=None,
+    help="Read the --chat message from this UTF-8 file (- for stdin).",
 )
 @click.option(
     "--max-new-tokens",
@@ -189,12 +206,18 @@ def sampling_options(func: F) -> F:
     "the answer is complete and nothing will use it).",
 )
 @sampling_options
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+@click.option(
+    "--verbose", "-v", is_flag=True, help="Add the technical summary: rungs, KV layout, events."
+)
 @json_option
 def generate(
     model: str,
     prompt: str | None,
     ids: list[int] | None,
     chat: str | None,
+    prompt_file: Path | None,
+    chat_file: Path | None,
     ladder: Ladder,
     chunk_tokens: int,
     policy: str,
@@ -207,6 +230,8 @@ def generate(
     remote: RemoteConfig | None,
     prewarm: bool,
     sampling: GenerationConfig,
+    quiet: bool,
+    verbose: bool,
     as_json: bool,
     session_file: Path | None = None,
 ) -> None:
@@ -215,39 +240,49 @@ def generate(
     Greedy unless --do-sample. Text goes to stdout as tokens arrive, then a one-line
     summary to stderr. A text prompt needs the model's openvino_tokenizer.xml; unlike
     openvino-genai's generate(text), PROMPT is not put through the chat template: --chat is.
+    PROMPT or --chat as -, or --prompt-file/--chat-file: the text from stdin or a file.
+    Slow first steps (GGUF conversion, first compile) say so on stderr unless --quiet.
     """
-    if sum(x is not None for x in (prompt, ids, chat)) != 1:
-        raise click.UsageError(
-            "give exactly one of PROMPT (text), --chat (a message) or --ids (token ids)"
-        )
+    asked = asked_prompt(prompt, chat, ids, prompt_file, chat_file)
     if session_file is not None:
         from ovspec.cli.sessions import OpenSettings, continue_saved
 
         opening = OpenSettings(model, ladder, chunk_tokens, load_mode, device, config, cache_dir)
-        continue_saved(session_file, prompt, chat, ids, opening, remote, sampling, as_json)
+        ids_asked = list(asked.ids) if asked.ids is not None else None
+        continue_saved(
+            session_file, asked.text, asked.chat, ids_asked, opening, remote, sampling, as_json
+        )
         return
 
-    from ovspec.ir.model_dir import resolve_model, writes_into_store
-    from ovspec.runtime.decoding import Tuning
+    from ovspec.ir.model_dir import resolve_model
+    from ovspec.runtime.decoding import Tuning, check_prompt_ids, check_request_fits
     from ovspec.runtime.decoding import open as open_loader
     from ovspec.runtime.generation import generate as run_generation
     from ovspec.runtime.kv import KVLayoutWarning
     from ovspec.runtime.loader import Policy
     from ovspec.runtime.peer import genai_differences
-    from ovspec.runtime.prompting import Prompt
     from ovspec.runtime.textcodec import TextCodec, eos_token_ids
     from ovspec.store.local import Store
 
+    say = _progress_line(quiet)
     abandoned: tuple[str, ...] = ()
     root = cache_dir if cache_dir is not None else Store.default_root()
-    # As in build: validate before the store is opened, except for a built-in model or
-    # a GGUF file, whose IR is written into the store's models/ folder.
-    store = open_store(root, remote) if writes_into_store(model) else None
+    # Every check that needs no store runs before one is opened or a built-in model is
+    # written into it: bad input leaves the store as it was.
+    facts = checked_model(model, ladder)
+    check_device(device, dict(config))
+    check_before_store(asked, facts, ladder, sampling.max_new_tokens, bool(sampling.stop_strings))
+    store = None
     try:
-        model_dir = resolve_model(model, store.models_folder if store else None)
+        if facts.model_dir is not None:
+            model_dir = facts.model_dir
+        else:
+            store = open_store(root, remote)
+            model_dir = resolve_model(model, store.models_folder, announce=say)
         codec = TextCodec.for_model(model_dir, model)
-        asked = Prompt(prompt, chat, tuple(ids) if ids is not None else None)
         prompt_ids = asked.token_ids(model_dir, codec, model)
+        check_prompt_ids(prompt_ids, None, ladder.top_tokens)  # a tokenized prompt's length
+        check_request_fits(ladder, prompt_ids, None, sampling.max_new_tokens)
         settings = dataclasses.replace(sampling, eos_token_ids=eos_token_ids(model_dir))
         store = store or open_store(root, remote)
         write = _Writer(codec.stream() if codec.can_decode else None, quiet=as_json)
@@ -264,6 +299,8 @@ def generate(
             load_mode=load_mode,
             tuning=Tuning(split=split),
         ) as loader:
+            used_load_mode = loader.load_mode.value
+            say(_first_graph_note(used_load_mode, device))
             generation = run_generation(
                 loader,
                 prompt_ids,
@@ -271,7 +308,6 @@ def generate(
                 codec=codec,
                 streamer=write.token,
             )
-            used_load_mode = loader.load_mode.value
             differences = genai_differences(loader)
             # Builds no token of this answer needs: not waited for unless asked.
             abandoned = () if prewarm else loader.builds_in_flight()
@@ -286,12 +322,43 @@ def generate(
         document = _json_document(generation, prompt_ids)
         document |= {"load_mode": used_load_mode, "abandoned_builds": list(abandoned)}
         document["genai_differences"] = [d.as_json() for d in differences]
+        document["perf_metrics"] = PerfMetrics.of(generation.decoded).to_json()
         if codec.can_decode:
             document["text"] = codec.decode(generation.token_ids)
         emit_json(document)
         return
     left = f"; left {', '.join(abandoned)} unbuilt (--prewarm waits)" if abandoned else ""
-    click.echo(_summary(generation) + left, err=True)
+    click.echo(_plain_summary(generation) + left, err=True)
+    if verbose:
+        click.echo(_summary(generation), err=True)
+
+
+def _progress_line(quiet: bool) -> Callable[[str], None]:
+    """Says on stderr what a slow step is doing, before it starts (stdout stays the
+    text, or the one JSON document)."""
+    if quiet:
+        return lambda _message: None
+    return lambda message: click.echo(f"ovspec: {message}", err=True)
+
+
+def _first_graph_note(load_mode: str, device: str) -> str:
+    if load_mode == "import":
+        return f"loading the first graph on {device} from the store (compiled if missing)..."
+    return f"compiling the first graph on {device}; the first token waits for it..."
+
+
+def _plain_summary(generation: Generation) -> str:
+    """One line a newcomer reads: how many tokens, why it stopped, how fast."""
+    n = len(generation.token_ids)
+    stopped = {
+        "eos": "stopped at the model's end-of-text token",
+        "stop_string": "stopped at a stop string",
+    }.get(generation.stop_reason.value, "reached --max-new-tokens")
+    result = generation.decoded
+    grew = " -> ".join(map(str, result.rungs))
+    kv = f"KV grew {grew} tokens" if len(result.rungs) > 1 else f"KV {grew} tokens"
+    metrics = PerfMetrics.of(result).describe()
+    return f"{n} tokens ({stopped}); {metrics}; {kv} (--verbose for details)"
 
 
 class _Writer:
@@ -353,6 +420,7 @@ def _json_document(generation: Generation, prompt_ids: list[int]) -> dict[str, o
         ],
         "kv_layout": result.kv_layout,
         "kv_note": result.kv_note,
+        "ready_s": round(result.ready_s, 6),
         "first_token_s": round(result.first_token_s, 6),
         "finished_s": round(result.finished_s, 6),
     }
@@ -364,15 +432,11 @@ def _summary(generation: Generation) -> str:
     stopped = {"eos": " (stopped at EOS)", "stop_string": " (stopped at a stop string)"}
     boundaries = len(result.boundaries)
     wait_s = sum(b.program_wait_s for b in result.boundaries)
-    # The first token comes from the prefill; each later one costs a decode step.
-    decode_s = result.finished_s - result.first_token_s
-    run = len(result.token_ids)  # before stop-string trimming: what the model ran
-    rate = f"{(run - 1) / decode_s:.1f} tokens/s" if run > 1 and decode_s > 0 else "n/a tokens/s"
     return (
         f"{n} tokens{stopped.get(generation.stop_reason.value, '')}; "
         f"rungs {','.join(map(str, result.rungs))}; "
         f"{boundaries} {'boundary' if boundaries == 1 else 'boundaries'} "
         f"(program wait {wait_s:.3f} s); "
-        f"first token {result.first_token_s:.3f} s (foreground compile wall); decode {rate}; "
+        f"first token {result.first_token_s:.3f} s (foreground compile wall); "
         f"KV {result.kv_layout}" + (f" ({result.kv_note})" if result.kv_note else "")
     )

@@ -25,6 +25,7 @@ from ovspec.ladder import DEFAULT_LADDER_TOKENS, MAX_CAPACITY_TOKENS, Ladder
 
 if TYPE_CHECKING:
     from ovspec.ir.model_dir import ModelDir
+    from ovspec.ir.preflight import ModelFacts
     from ovspec.store.local import Store
     from ovspec.store.remote import RemoteConfig
 
@@ -318,19 +319,45 @@ def open_store(root: Path, remote: RemoteConfig | None, **kwargs: Any) -> Store:
     return Store(root, remote=open_remote(remote) if remote is not None else None, **kwargs)
 
 
+def checked_model(model: str, ladder: Ladder | None = None) -> ModelFacts:
+    """MODEL checked and described without writing anything (no store is created, no
+    built-in model written); with ``ladder``, its rungs checked against the model's
+    position limit. Commands call it before any check that needs a store."""
+    from ovspec.ir.preflight import model_facts
+
+    facts = model_facts(model)
+    if ladder is not None:
+        ladder.check_fits(facts.max_position_embeddings)
+    return facts
+
+
+def check_device(device: str, properties: dict[str, str]) -> None:
+    """An unknown device or a property it refuses: one line, before anything is written."""
+    import openvino as ov
+
+    from ovspec.compile.devices import profile_for
+
+    profile_for(device, properties).resolve(ov.Core(), properties)
+
+
 def model_folder(model: str, cache_dir: Path | None) -> ModelDir:
     """MODEL as a folder: a built-in preset or a .gguf is written into the store's
-    models/ (the store is opened only for that); a folder is used where it is."""
-    from ovspec.ir.model_dir import resolve_model, writes_into_store
+    models/ (the store is opened only for that, once MODEL is checked); a folder is
+    used where it is."""
+    from ovspec.ir.model_dir import resolve_model
     from ovspec.store.local import Store
 
+    facts = checked_model(model)
+    if facts.model_dir is not None:
+        return facts.model_dir
     root = cache_dir if cache_dir is not None else Store.default_root()
-    store = Store(root) if writes_into_store(model) else None
-    try:
-        return resolve_model(model, store.models_folder if store is not None else None)
-    finally:
-        if store is not None:
-            store.close()
+    with Store(root) as store:
+        return resolve_model(model, store.models_folder, announce=announce)
+
+
+def announce(message: str) -> None:
+    """A slow step about to start, on stderr (stdout stays a command's output)."""
+    click.echo(f"ovspec: {message}", err=True)
 
 
 def json_option(func: F) -> F:

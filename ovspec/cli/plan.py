@@ -16,6 +16,8 @@ from ovspec.cli import cli, error_text
 from ovspec.cli.options import (
     blob_mode_option,
     cache_dir_option,
+    check_device,
+    checked_model,
     chunk_option,
     compress_option,
     device_options,
@@ -182,6 +184,9 @@ def plan(
         load_mode=load_mode,
     )
     if request.reads_store:
+        # Every check before the store is opened (a built-in model is written into it).
+        checked_model(model, ladder)
+        check_device(device, dict(config))
         root = cache_dir if cache_dir is not None else Store.default_root()
         with open_store(root, remote) as store:
             report = make_plan(

@@ -11,6 +11,8 @@ import click
 from ovspec.cli import cli
 from ovspec.cli.options import (
     cache_dir_option,
+    check_device,
+    checked_model,
     chunk_option,
     device_options,
     emit_json,
@@ -19,6 +21,7 @@ from ovspec.cli.options import (
     repeats_range,
     tokens_range,
 )
+from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
     from ovspec.bench.profile.rung import CompileOrder
@@ -99,6 +102,8 @@ def profile(
     from ovspec.ir.rewrites import RewriteSet
 
     rewrite_set = RewriteSet.parse(rewrites) if rewrites is not None else None
+    checked_model(model, Ladder((capacity_tokens,)))
+    check_device(device, dict(config))
     model_dir = model_folder(model, cache_dir)
     profile = profile_for(device, dict(config))
     properties = profile.loader_properties(dict(config) if config else profile.exact_properties)

@@ -15,8 +15,11 @@ import click
 from ovspec.cli.cache import cache
 from ovspec.cli.options import (
     F,
+    announce,
     blob_mode_option,
     cache_dir_option,
+    check_device,
+    checked_model,
     chunk_option,
     compress_option,
     device_options,
@@ -70,7 +73,7 @@ def _run(
 ) -> SharingReport:
     from ovspec.compile import sharing
     from ovspec.compile.modes import BlobMode
-    from ovspec.compile.prewarm import BuildPlan, check_device, parse_phases
+    from ovspec.compile.prewarm import BuildPlan, parse_phases
     from ovspec.ir.model_dir import resolve_model
     from ovspec.store.local import Store
 
@@ -80,20 +83,23 @@ def _run(
             "or set OVSPEC_REMOTE"
         )
     root = cache_dir if cache_dir is not None else Store.default_root()
+    # Every check before the store is opened (a built-in model is written into it).
+    checked_model(model, ladder)
+    parsed_phases = parse_phases(phases)
+    check_device(device, dict(config))
     store = open_store(root, remote)
     try:
-        model_dir = resolve_model(model, store.models_folder)
+        model_dir = resolve_model(model, store.models_folder, announce=announce)
         plan = BuildPlan(
             model=model_dir,
             ladder=ladder,
-            phases=parse_phases(phases),
+            phases=parsed_phases,
             chunk_tokens=chunk_tokens,
             device=device,
             properties=dict(config),
             compression=compression,
             blob_mode=BlobMode(blob_mode),
         )
-        check_device(plan)
 
         def moved(item: SpecTransfer) -> None:
             if as_json:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -228,20 +229,28 @@ def gguf_source_name(folder: Path) -> str | None:
     return Path(source).name if isinstance(source, str) and source else None
 
 
-def import_gguf(path: str | Path, models_root: Path | None) -> Path:
+def import_gguf(
+    path: str | Path, models_root: Path | None, announce: Callable[[str], None] | None = None
+) -> Path:
     """The IR folder of a GGUF file, built once through openvino-genai under
-    ``models_root`` (None: no store is open to build it into); returns the folder."""
+    ``models_root`` (None: no store is open to build it into); returns the folder.
+    ``announce`` hears, before it starts, that the conversion runs."""
     source = Path(path).expanduser()
     if not source.is_file():
         raise ModelError(f"GGUF file {source} does not exist")
     if models_root is None:
         raise ModelError(f"the IR of {source} is written into a store's models folder; open one")
     header = read_gguf_header(source)
-    _check_readable(source, header)
+    check_readable(source, header)
     digest = gguf_digest(source)
     folder = models_root / f"gguf-{digest}"
 
     def write(staging: Path) -> None:
+        if announce is not None:
+            announce(
+                f"converting {source.name} to an OpenVINO IR with openvino-genai (once per "
+                "file, kept in the store; this can take a minute)..."
+            )
         try:
             _build_with_genai(source.resolve(), staging)
             _write_config(staging, header, digest, source)
@@ -251,7 +260,7 @@ def import_gguf(path: str | Path, models_root: Path | None) -> Path:
     return hold_model(folder, write)
 
 
-def _check_readable(source: Path, header: GGUFHeader) -> None:
+def check_readable(source: Path, header: GGUFHeader) -> None:
     # genai fails on other architectures with a bare "unordered_map::at": say it first.
     if header.architecture not in GENAI_ARCHITECTURES:
         raise ModelError(

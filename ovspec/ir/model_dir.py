@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -21,6 +23,9 @@ from ovspec.ir.files import (
     read_json_object,
 )
 from ovspec.ir.materialize import hold_model
+
+if TYPE_CHECKING:
+    from ovspec.builtin import ModelSpec
 
 __all__ = ["DETOKENIZER_XML_NAME", "IR_XML_NAME", "TOKENIZER_XML_NAME", "ModelDir"]
 
@@ -121,21 +126,9 @@ def writes_into_store(reference: str) -> bool:
     return reference.startswith(BUILTIN_PREFIX) or gguf
 
 
-def resolve_model(reference: str, models_root: Path | None) -> ModelDir:
-    """A model folder path, a ``.gguf`` file (its IR built once under ``models_root``), or
-    ``builtin:PRESET`` (written once under ``models_root``). ``models_root`` None: the
-    caller opened no store, so a reference that writes one (``writes_into_store``) is
-    refused."""
-    from ovspec.ir.gguf import import_gguf, is_gguf_reference
-
-    if is_gguf_reference(reference):
-        return ModelDir.open(import_gguf(reference, models_root))
-    if not reference.startswith(BUILTIN_PREFIX):
-        return ModelDir.open(reference)
-    if models_root is None:
-        raise ModelError(f"{reference} is written into a store's models folder; open a store")
-    # Imported here: building a model needs openvino, a plain path does not.
-    from ovspec.builtin import PRESETS, write_model_files
+def preset_spec(reference: str) -> ModelSpec:
+    """The spec of ``builtin:PRESET``; ``ModelError`` naming the presets if unknown."""
+    from ovspec.builtin import PRESETS
 
     preset = reference[len(BUILTIN_PREFIX) :]
     if preset not in PRESETS:
@@ -143,7 +136,35 @@ def resolve_model(reference: str, models_root: Path | None) -> ModelDir:
             f"unknown built-in model {preset!r}; choose one of "
             + ", ".join(f"{BUILTIN_PREFIX}{name}" for name in PRESETS)
         )
-    spec = PRESETS[preset]
+    return PRESETS[preset]
+
+
+def resolve_model(
+    reference: str, models_root: Path | None, announce: Callable[[str], None] | None = None
+) -> ModelDir:
+    """A model folder path, a ``.gguf`` file (its IR built once under ``models_root``), or
+    ``builtin:PRESET`` (written once under ``models_root``). ``models_root`` None: the
+    caller opened no store, so a reference that writes one (``writes_into_store``) is
+    refused. ``announce`` hears, before it starts, that a model is being written."""
+    from ovspec.ir.gguf import import_gguf, is_gguf_reference
+
+    if is_gguf_reference(reference):
+        return ModelDir.open(import_gguf(reference, models_root, announce))
+    if not reference.startswith(BUILTIN_PREFIX):
+        return ModelDir.open(reference)
+    if models_root is None:
+        raise ModelError(f"{reference} is written into a store's models folder; open a store")
+    # Imported here: building a model needs openvino, a plain path does not.
+    from ovspec.builtin import write_model_files
+
+    spec = preset_spec(reference)
+    preset = reference[len(BUILTIN_PREFIX) :]
     digest = xxhash.xxh3_64_hexdigest(json.dumps(spec.to_json(), sort_keys=True).encode())
     folder = models_root / f"{preset}-{digest}"
-    return ModelDir.open(hold_model(folder, lambda staging: write_model_files(spec, staging)))
+
+    def write(staging: Path) -> None:
+        if announce is not None:
+            announce(f"writing the built-in model {reference} into the store (once)...")
+        write_model_files(spec, staging)
+
+    return ModelDir.open(hold_model(folder, write))

@@ -54,6 +54,7 @@ __all__ = [
     "OpenOptions",
     "Tuning",
     "check_prompt_ids",
+    "check_request_fits",
     "decode",
     "loader_properties",
     "open",
@@ -282,7 +283,7 @@ def _decode_paged(
     """One sequence on the paged graph: no rung graphs, the KV grown in blocks."""
     ladder = loader.ladder
     check_prompt_ids(prompt_ids, loader.vocab_tokens, ladder.top_tokens, feed.forced_ids or ())
-    _check_fits(ladder, prompt_ids, feed.forced_ids, feed.max_new_tokens)
+    check_request_fits(ladder, prompt_ids, feed.forced_ids, feed.max_new_tokens)
     origin = loader.origin_s
     first = ladder.rung_for(len(prompt_ids))
     loader.start(first)
@@ -322,7 +323,7 @@ def reachable_tokens(
     return len(prompt_ids) + fed
 
 
-def _check_fits(
+def check_request_fits(
     ladder: Ladder, prompt_ids: Sequence[int], forced_ids: Sequence[int] | None, max_new: int
 ) -> None:
     """Refuse a request whose KV would outgrow the top rung."""
@@ -352,7 +353,7 @@ def _checked_roles(
     first_guess = Specialization.decode(ladder.rung_for(min(len(prompt_ids), ladder.top_tokens)))
     roles = loader.roles(first_guess)
     check_prompt_ids(prompt_ids, roles.vocab_tokens, ladder.top_tokens, forced_ids or ())
-    _check_fits(ladder, prompt_ids, forced_ids, max_new_tokens)
+    check_request_fits(ladder, prompt_ids, forced_ids, max_new_tokens)
     return roles
 
 

@@ -141,7 +141,7 @@ def test_text_prompt_streams_the_text_genai_generates(fixture_dir: Path, tmp_pat
     assert streamed.exit_code == 0, streamed.output
     assert streamed.stdout == expected_text + "\n"
     summary = streamed.stderr.splitlines()
-    assert len(summary) == 1 and summary[0].startswith("40 tokens; rungs ")
+    assert summary[-1].startswith("40 tokens (reached --max-new-tokens); "), summary
 
     document = generate_json(*args)
     assert document["text"] == expected_text
@@ -232,7 +232,8 @@ def test_ids_stream_to_stdout_and_layouts_agree(tiny_cache: Path) -> None:
     assert streamed.exit_code == 0, streamed.output
     tokens = [int(t) for t in streamed.stdout.split()]
     assert len(tokens) == 40 and streamed.stdout.endswith("\n")
-    assert streamed.stderr.count("\n") == 1 and "rungs 32,64" in streamed.stderr
+    summary = streamed.stderr.splitlines()[-1]  # after the line on the first graph
+    assert summary.startswith("40 tokens") and "KV grew 32 -> 64 tokens" in summary
 
     shared = generate_json(*args[1:], "--kv-layout", "shared-max")
     assert ints(shared["token_ids"]) == tokens
@@ -253,14 +254,16 @@ def test_the_remap_layout_from_the_command_line(tiny_cache: Path) -> None:
         boundaries = document["boundaries"]
         assert isinstance(boundaries, list) and len(boundaries) == 1
         assert (boundaries[0]["copied_bytes"] > 0) == copies
-    auto = run("generate", *args, "--load-mode", "compile")  # rungs' default, aligned
+    auto = run("generate", *args, "--load-mode", "compile", "--verbose")  # aligned rungs
     assert auto.exit_code == 0 and "KV remap" in auto.stderr
     fallback = run(
         "generate", *args[:3], "--ladder", "32,64", "--max-new-tokens", "40", *args[7:],
-        "--load-mode", "compile",
+        "--load-mode", "compile", "--verbose",
     )  # fmt: skip
     assert fallback.exit_code == 0
     assert "KV copy-and-grow (rung 32 not page-aligned" in fallback.stderr
+    plain = fallback.stderr.splitlines()[-2]  # the technical line is --verbose's, after it
+    assert "page-aligned" not in plain and plain.startswith("40 tokens"), plain
 
 
 # -- bad input ----------------------------------------------------------------------
@@ -284,7 +287,7 @@ def test_the_remap_layout_from_the_command_line(tiny_cache: Path) -> None:
         ),
         (["tests/data/qwen2", "--ids", "1,x"], "not a comma-separated list of token ids"),
         (["tests/data/qwen2", "--ids", "1", "--max-new-tokens", "0"], "'--max-new-tokens'"),
-        (["tests/data/qwen2", ""], "encodes to no tokens"),
+        (["tests/data/qwen2", ""], "the prompt is empty"),
         (["tests/data/missing", "--ids", "1"], "does not exist"),
     ],
 )

@@ -140,7 +140,9 @@ def _summary(report: BenchReport) -> list[str]:
     for f in report.ladders:
         build = paired_ratio(_pairs(f.cold_build_s, f.warm_build_s))
         load = paired_ratio(_pairs(f.cold_build_s, f.warm_load_s))
-        compile_share = [c / t for c, t in zip(f.cold_compile_s.samples, f.cold_build_s.samples)]
+        compile_share = [
+            c / t for c, t in zip(f.cold_compile_s.samples, f.cold_build_s.samples, strict=True)
+        ]
         lines.append(
             f"- {f.blob_mode}: a cold build of the {f.specializations} specializations "
             f"{f.cold_build_s.text(2)} s ({100 * min(compile_share):.0f}–"

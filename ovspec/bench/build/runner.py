@@ -29,7 +29,6 @@ from ovspec.bench.build.records import (
     SpecFigures,
     StorageFigures,
 )
-from ovspec.bench.common.records import Spread
 from ovspec.bench.common.environment import (
     cpu_s,
     drop_from_page_cache,
@@ -38,6 +37,7 @@ from ovspec.bench.common.environment import (
     peak_rss_bytes,
     tree_bytes,
 )
+from ovspec.bench.common.records import Spread
 from ovspec.errors import BadRequestError, OvspecError, arg
 from ovspec.ladder import Ladder
 
