@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -43,8 +43,10 @@ from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
     from ovspec.runtime.generation import Generation
+    from ovspec.runtime.peer import PropertyDifference
+    from ovspec.runtime.prompting import Prompt
     from ovspec.runtime.sampling import GenerationConfig
-    from ovspec.runtime.textcodec import TextStream
+    from ovspec.runtime.textcodec import TextCodec, TextStream
     from ovspec.store.remote import RemoteConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -244,15 +246,9 @@ def generate(
     Slow first steps (GGUF conversion, first compile) say so on stderr unless --quiet.
     """
     asked = asked_prompt(prompt, chat, ids, prompt_file, chat_file)
-    if session_file is not None:
-        from ovspec.cli.sessions import OpenSettings, continue_saved
-
-        opening = OpenSettings(model, ladder, chunk_tokens, load_mode, device, config, cache_dir)
-        ids_asked = list(asked.ids) if asked.ids is not None else None
-        continue_saved(
-            session_file, asked.text, asked.chat, ids_asked, opening, remote, sampling, as_json
-        )
-        return
+    if session_file is not None:  # a saved chat, one more message
+        opening = (model, ladder, chunk_tokens, load_mode, device, config, cache_dir)
+        return _continue_session(session_file, asked, opening, remote, sampling, as_json)
 
     from ovspec.ir.model_dir import resolve_model
     from ovspec.runtime.decoding import Tuning, check_prompt_ids, check_request_fits
@@ -302,11 +298,7 @@ def generate(
             used_load_mode = loader.load_mode.value
             say(_first_graph_note(used_load_mode, device))
             generation = run_generation(
-                loader,
-                prompt_ids,
-                settings,
-                codec=codec,
-                streamer=write.token,
+                loader, prompt_ids, settings, codec=codec, streamer=write.token
             )
             differences = genai_differences(loader)
             # Builds no token of this answer needs: not waited for unless asked.
@@ -318,9 +310,38 @@ def generate(
         if store is not None and not abandoned:
             store.close()
 
+    _report(generation, prompt_ids, codec, used_load_mode, abandoned, differences, as_json, verbose)
+
+
+def _continue_session(
+    session_file: Path,
+    asked: Prompt,
+    opening: tuple[Any, ...],
+    remote: RemoteConfig | None,
+    sampling: GenerationConfig,
+    as_json: bool,
+) -> None:
+    from ovspec.cli.sessions import OpenSettings, continue_saved
+
+    ids = list(asked.ids) if asked.ids is not None else None
+    settings = OpenSettings(*opening)
+    continue_saved(session_file, asked.text, asked.chat, ids, settings, remote, sampling, as_json)
+
+
+def _report(
+    generation: Generation,
+    prompt_ids: list[int],
+    codec: TextCodec,
+    load_mode: str,
+    abandoned: tuple[str, ...],
+    differences: Sequence[PropertyDifference],
+    as_json: bool,
+    verbose: bool,
+) -> None:
+    """The run's account: one JSON document on stdout, or the summary line on stderr."""
     if as_json:
         document = _json_document(generation, prompt_ids)
-        document |= {"load_mode": used_load_mode, "abandoned_builds": list(abandoned)}
+        document |= {"load_mode": load_mode, "abandoned_builds": list(abandoned)}
         document["genai_differences"] = [d.as_json() for d in differences]
         document["perf_metrics"] = PerfMetrics.of(generation.decoded).to_json()
         if codec.can_decode:
