@@ -1,13 +1,12 @@
 """The lazy loader a decode runtime calls one step ahead.
 
-``get(spec)`` returns a compiled specialization from memory, else the store (and its
-remote tier: a fetch is preferred to a compile), else a compile, blocking only when
-it must; ``prefetch(spec)`` queues the same work on one background worker. A policy
-decides what is compiled when: ``eager`` (every rung before the first token),
-``one_ahead`` (the first rung in the foreground, then one successor in the background
-after each switch, earlier when a deadline plan says a window is too short) and
-``on_demand`` (compile at the boundary: the stall baseline).
-Every compile, import, hit and wait is an event with times relative to ``open``.
+``get(spec)`` returns a compiled specialization from memory, the store (a remote fetch
+preferred to a compile) or a compile, blocking only when it must; ``prefetch(spec)``
+queues the same work on a background worker. A policy decides what is compiled when:
+``eager`` (every rung up front), ``one_ahead`` (the successor in the background after
+each switch, earlier when a deadline plan says so), ``on_demand`` (at the boundary: the
+stall baseline); ``auto`` is ``autorun.AutoLoader``'s. Every compile, import, hit and
+wait is an event with times relative to ``open``.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ class Policy(Enum):
     EAGER = "eager"
     ONE_AHEAD = "one_ahead"
     ON_DEMAND = "on_demand"
+    AUTO = "auto"  # per request, from known costs (runtime/autorun.py)
 
 
 class EventKind(Enum):
@@ -56,6 +56,8 @@ class EventKind(Enum):
     WAIT = "wait"  # get() blocked on a background load
     EARLY_START = "early_start"  # the plan queued a rung before its one-ahead turn
     RELEASED = "released"  # a graph the sequence has passed was dropped
+    PLANNED = "planned"  # auto's schedule for a request (seconds: its predicted last token)
+    REPLANNED = "replanned"  # auto moved builds: measured times drifted from the plan
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,11 @@ class Loader:
         self.worker_cores = worker_cores
         self._pin_threads = pin_threads
         self._split_begun = False
+        self._worker_lanes = 1
         self._worker = ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix="ovspec-loader",
-            initializer=_prepare_worker,
+            initializer=prepare_worker,
             initargs=(worker_cores,),
         )
         self._closed = False
@@ -488,13 +491,10 @@ def warm_up(compiled: CompiledGraph) -> float:
     return time.perf_counter() - began
 
 
-def _prepare_worker(cores: tuple[int, ...] | None) -> None:
+def prepare_worker(cores: tuple[int, ...] | None) -> None:
+    """A worker thread: on ``cores`` (Linux: this thread only), and niced so the decode
+    thread wins the cores from background compiles."""
     if cores is not None:
-        os.sched_setaffinity(0, cores)  # Linux: this thread only
-    _lower_priority()
-
-
-def _lower_priority() -> None:
-    """Let the decode thread win the cores from background compiles (per-thread nice)."""
+        os.sched_setaffinity(0, cores)
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
