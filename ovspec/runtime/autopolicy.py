@@ -1,14 +1,13 @@
 """The ``auto`` planning policy: which rungs a request uses, when each build starts and
 how many builds run at once, chosen from known costs and the request by simulating
-every candidate schedule; re-planning when measured times drift and when a request
-ends early. Pure (no OpenVINO, no clock): the loader executes the ``Schedule``.
+every candidate schedule (``replanning`` revises it at run time). Pure: no OpenVINO,
+no clock; ``autorun.AutoLoader`` executes the ``Schedule``.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -21,8 +20,6 @@ from ovspec.runtime.plan import BoundaryPlan, RungCosts, rungs_needed
 # among ties the policy keeps more rungs (KV follows the tokens) and starts builds later.
 TIE_RELATIVE = 0.005
 TIE_S = 0.005
-# A measured build or decode this far from the plan's (ratio) triggers a re-plan.
-DRIFT_RATIO = 1.25
 # More optional rungs than this and only single skips and a bigger start are tried.
 MAX_SUBSET_RUNGS = 10
 
@@ -260,7 +257,7 @@ class Timeline:
         }
 
 
-class _Lanes:
+class BuildLanes:
     """Build lanes as the times each is next free; a build takes the earliest."""
 
     def __init__(self, free_s: Sequence[float]) -> None:
@@ -273,7 +270,7 @@ class _Lanes:
         return start_s, start_s + seconds
 
 
-def _window_tokens(rungs: Sequence[int], index: int, from_tokens: int, end_tokens: int) -> int:
+def window_tokens(rungs: Sequence[int], index: int, from_tokens: int, end_tokens: int) -> int:
     low = max(from_tokens, rungs[index - 1] if index > 0 else 0)
     high = rungs[index] if index < len(rungs) - 1 else end_tokens
     return max(0, high - low)
@@ -287,7 +284,7 @@ def simulate(schedule: Schedule, costs: AutoCosts, request: Request, lanes: Lane
     at a boundary whose rung is not ready."""
     rungs = schedule.rungs
     first = rungs[0]
-    fg = _Lanes([0.0] * lanes.foreground)
+    fg = BuildLanes([0.0] * lanes.foreground)
     _, prefill_ready = fg.run(0.0, costs.prefill_ready(first))
     built: dict[int, tuple[float, float]] = {first: fg.run(0.0, costs.ready_s[first])}
     upfront = schedule.upfront()
@@ -298,7 +295,7 @@ def simulate(schedule: Schedule, costs: AutoCosts, request: Request, lanes: Lane
         foreground_s = max(foreground_s, built[first][1])  # an eager start waits for all
     # The busiest lanes carry over into the decode (the worker still loads the first rung).
     carried = sorted(fg.free_s, reverse=True)[: schedule.lanes]
-    bg = _Lanes(carried + [0.0] * (schedule.lanes - len(carried)))
+    bg = BuildLanes(carried + [0.0] * (schedule.lanes - len(carried)))
     first_step_s = max(foreground_s + costs.prefill_run(first), built[first][1])
     for rung in schedule.at_prompt():
         built[rung] = bg.run(foreground_s, costs.ready_s[rung])
@@ -308,8 +305,8 @@ def simulate(schedule: Schedule, costs: AutoCosts, request: Request, lanes: Lane
     for i, rung in enumerate(rungs):
         for queued in schedule.on_entering(rung):
             built[queued] = bg.run(entry_s, costs.ready_s[queued])
-        tokens = _window_tokens(rungs, i, request.prompt_tokens, end_tokens)
-        window_s = _slowed(tokens * costs.decode_s_per_token[rung], entry_s, built, costs)
+        tokens = window_tokens(rungs, i, request.prompt_tokens, end_tokens)
+        window_s = slowed(tokens * costs.decode_s_per_token[rung], entry_s, built, costs)
         if i == len(rungs) - 1:
             return Timeline(
                 schedule, foreground_s, first_step_s, entry_s + window_s, tuple(boundaries), built
@@ -333,7 +330,7 @@ def simulate(schedule: Schedule, costs: AutoCosts, request: Request, lanes: Lane
     raise AssertionError("unreachable: the last rung returns")
 
 
-def _slowed(
+def slowed(
     decode_s: float, entry_s: float, built: Mapping[int, tuple[float, float]], costs: AutoCosts
 ) -> float:
     """A window's decode time, lengthened by the builds that overlap it."""
@@ -485,109 +482,3 @@ def explain(
         f"the best fixed policy ({name})"
     )
     return tuple(out)
-
-
-# -- re-planning ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What the loader measured so far: each finished build's seconds (ready - start)
-    and the decode seconds per token of each rung it has left."""
-
-    ready_s: Mapping[int, float] = field(default_factory=dict)
-    decode_s_per_token: Mapping[int, float] = field(default_factory=dict)
-
-
-def drift(costs: AutoCosts, observed: Observed) -> tuple[float, float]:
-    """(build, decode) ratios of measured to predicted times (medians; 1.0 when unknown)."""
-
-    def ratio(measured: Mapping[int, float], predicted: Mapping[int, float]) -> float:
-        ratios = [m / predicted[r] for r, m in measured.items() if predicted.get(r)]
-        return statistics.median(ratios) if ratios else 1.0
-
-    return ratio(observed.ready_s, costs.ready_s), ratio(
-        observed.decode_s_per_token, costs.decode_s_per_token
-    )
-
-
-@dataclass(frozen=True)
-class Replan:
-    """Rungs to queue now, on entering ``at_capacity_tokens``, and why."""
-
-    at_capacity_tokens: int
-    queue_now: tuple[int, ...]
-    build_ratio: float
-    decode_ratio: float
-    reason: str
-
-
-def replan(
-    schedule: Schedule,
-    costs: AutoCosts,
-    request: Request,
-    at_capacity_tokens: int,
-    pending: Sequence[int],
-    loaded: Sequence[int],
-    observed: Observed,
-    threshold: float = DRIFT_RATIO,
-) -> Replan | None:
-    """On entering a rung: if measured builds or steps drift past ``threshold`` from the
-    plan, re-simulate the rest from this rung's first step (``pending`` builds queued
-    ahead, ``loaded`` ones ready, costs scaled by the drift) with more of the later
-    builds queued now, and return the earliest-finishing change (ties: fewer builds
-    now); None when nothing drifted or the planned starts stay the best."""
-    build, decode = drift(costs, observed)
-    if max(build, 1 / build, decode, 1 / decode) < threshold:
-        return None
-    rest = tuple(r for r in schedule.rungs if r >= at_capacity_tokens)
-    later = [r for r in rest[1:] if r not in pending and r not in loaded]
-    planned_now = [r for r in schedule.on_entering(at_capacity_tokens) if r in later]
-    options = [
-        planned_now + [r for r in later[:n] if r not in planned_now] for n in range(len(later) + 1)
-    ]
-    scaled = costs.scaled(build, decode)
-    index = schedule.rungs.index(at_capacity_tokens)
-    live = request.prompt_tokens if index == 0 else schedule.rungs[index - 1]
-
-    def finish(now: Sequence[int]) -> float:
-        lanes = _Lanes([0.0] * schedule.lanes)
-        built = {r: (0.0, 0.0) for r in [rest[0], *loaded]}
-        for r in [*pending, *now]:
-            if r in rest and r not in built:
-                built[r] = lanes.run(0.0, scaled.ready_s[r])
-        entry_s = 0.0
-        for i, rung in enumerate(rest):
-            for r in schedule.on_entering(rung):
-                if r not in built:
-                    built[r] = lanes.run(entry_s, scaled.ready_s[r])
-            tokens = _window_tokens(rest, i, live, request.reachable_tokens)
-            window = _slowed(tokens * scaled.decode_s_per_token[rung], entry_s, built, scaled)
-            if i == len(rest) - 1:
-                return entry_s + window
-            entry_s = max(entry_s + window, built[rest[i + 1]][1])
-        return entry_s
-
-    finishes = [finish(now) for now in options]
-    best_s = min(finishes)
-    pick = next(k for k, s in enumerate(finishes) if s <= best_s * (1 + TIE_RELATIVE) + TIE_S)
-    extra = tuple(r for r in options[pick] if r not in planned_now)
-    if not extra:
-        return None
-    return Replan(
-        at_capacity_tokens,
-        tuple(options[pick]),
-        build,
-        decode,
-        f"builds ran {build:.2f}x and steps {decode:.2f}x the plan's: queue "
-        f"{', '.join(map(str, extra))} now (predicted {finishes[pick]:.2f} s to the last "
-        f"token from here, against {finishes[0]:.2f} s as planned)",
-    )
-
-
-def abandoned(
-    schedule: Schedule, reached_capacity_tokens: int, pending: Sequence[int]
-) -> tuple[int, ...]:
-    """When a request ends early on ``reached_capacity_tokens``: the pending builds of
-    rungs it will never reach, to cancel where they have not started."""
-    return tuple(r for r in pending if r > reached_capacity_tokens)

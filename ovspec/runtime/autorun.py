@@ -20,16 +20,14 @@ from ovspec.runtime.autopolicy import (
     AutoCosts,
     Decision,
     Lanes,
-    Observed,
     Request,
     Schedule,
-    abandoned,
     ahead,
     choose,
     reachable_rungs,
-    replan,
 )
 from ovspec.runtime.loader import EventKind, Loader, Policy, prepare_worker
+from ovspec.runtime.replanning import Observed, abandoned, replan
 
 
 @dataclass
@@ -68,7 +66,6 @@ class AutoLoader(Loader):
         request = Request(prompt_tokens, new_tokens, may_stop_early)
         self._request, self._progress = request, _Progress()
         reachable = reachable_rungs(self.ladder, request)
-        first = Specialization.decode(reachable[0])
         try:
             if self.costs is None:
                 raise BadRequestError("auto has no costs (give Tuning(auto_costs=...))")
@@ -79,6 +76,7 @@ class AutoLoader(Loader):
         except BadRequestError as exc:
             self.decision, self.schedule = None, ahead(reachable, 1)
             note, predicted = f"one ahead: {exc}", 0.0
+        first = Specialization.decode(self.schedule.rungs[0])
         self._record(EventKind.PLANNED, first, True, seconds=predicted, note=note)
         if self.schedule.lanes != self._worker_lanes:
             self._worker.shutdown(wait=True)  # nothing queued yet: start() comes next

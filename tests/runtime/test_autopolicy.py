@@ -16,16 +16,14 @@ from ovspec.runtime.autopolicy import (
     TIE_S,
     AutoCosts,
     Lanes,
-    Observed,
     Request,
     Start,
     Trigger,
-    abandoned,
     ahead,
     choose,
-    replan,
     simulate,
 )
+from ovspec.runtime.replanning import Observed, abandoned, replan
 
 K = 1024
 SERIAL = Lanes(1, 1)  # the split: the host builds one blob at a time
