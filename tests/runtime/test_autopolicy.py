@@ -5,6 +5,8 @@ never slower than the fixed policies' beside it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -214,3 +216,22 @@ def test_auto_is_never_predicted_slower_than_a_fixed_policy(
     decision = choose(ladder, Request(prompt, 4 * K - prompt), known, SERIAL)
     best = min(t.finished_s for t in decision.fixed.values())
     assert decision.chosen.finished_s <= best * (1 + TIE_RELATIVE) + TIE_S
+
+
+def test_plan_prints_auto_schedule_and_why() -> None:
+    from click.testing import CliRunner
+
+    import ovspec.cli.commands  # noqa: F401  (registers the commands)
+    from ovspec.cli import cli
+
+    flags = ["plan", "builtin:tiny", "--ladder", "32,64,128", "--prompt-tokens", "16"]
+    flags += ["--compile-s", "0.5", "--decode-ms", "1"]
+    text = CliRunner().invoke(cli, flags)
+    assert text.exit_code == 0, text.output
+    assert "auto: one rung on rungs 128" in text.output
+    assert "skips 64: its build (0.50 s) does not hide" in text.output
+    document = CliRunner().invoke(cli, [*flags, "--json"])
+    auto = json.loads(document.output)["auto"]
+    assert auto["schedule"]["rungs"] == [128]
+    assert auto["best_fixed"] == "B0" and auto["predicted_gain_s"] >= 0
+    assert any(r.startswith("starts on 128 instead of 32") for r in auto["reasons"])
