@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from ovspec.errors import BadRequestError, arg
 from ovspec.ladder import Ladder
@@ -99,6 +100,24 @@ class AutoCosts:
             prefill_ready_s={prompt_rung: costs.prefill_compile_s},
             prefill_s={prompt_rung: costs.prefill_s},
             interference=interference,
+        )
+
+    def to_json(self) -> dict[str, object]:
+        maps = ("ready_s", "decode_s_per_token", "prefill_ready_s", "prefill_s")
+        out: dict[str, object] = {n: {str(r): v for r, v in getattr(self, n).items()} for n in maps}
+        return {**out, "interference": self.interference}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AutoCosts:
+        def rungs(name: str) -> dict[int, float]:
+            return {int(r): float(v) for r, v in data.get(name, {}).items()}
+
+        return cls(
+            rungs("ready_s"),
+            rungs("decode_s_per_token"),
+            rungs("prefill_ready_s"),
+            rungs("prefill_s"),
+            float(data.get("interference", 0.0)),
         )
 
     def knows(self, rung: int) -> bool:

@@ -40,6 +40,7 @@ class RunRequest:
     split: dict[str, list[int]] | None = None
     load_mode: str = "import"
     compression: str = "none"
+    auto_costs: dict[str, Any] | None = None  # the auto protocol's (AutoCosts JSON)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +69,8 @@ def run(request: RunRequest) -> dict[str, Any]:
     from ovspec.bench.protocols.metrics import compute
     from ovspec.bench.protocols.setups import SETUPS, Protocol
     from ovspec.ladder import Ladder
+    from ovspec.runtime.autopolicy import AutoCosts
+    from ovspec.runtime.autorun import AutoLoader
     from ovspec.store.local import Store
 
     setup = SETUPS[Protocol(request.protocol)]
@@ -85,7 +88,10 @@ def run(request: RunRequest) -> dict[str, Any]:
             prefill_chunk_tokens=request.prefill_chunk_tokens,
             load_mode=request.load_mode,
             compression=request.compression,
-            tuning=runtime.Tuning(split=split),
+            tuning=runtime.Tuning(
+                split=split,
+                auto_costs=AutoCosts.from_json(request.auto_costs) if request.auto_costs else None,
+            ),
         ) as loader,
     ):
         result = runtime.decode(
@@ -98,6 +104,7 @@ def run(request: RunRequest) -> dict[str, Any]:
         )
         roles = loader.roles()
         weights_bytes = loader.weights_bytes
+        decision = loader.decision if isinstance(loader, AutoLoader) else None
     peak_rss_bytes = peak_rss()
     figures = compute(
         result,
@@ -148,6 +155,8 @@ def run(request: RunRequest) -> dict[str, Any]:
                 {"at_live_tokens": b.at_live_tokens, "began_s": b.began_s}
                 for b in result.boundaries
             ],
+            # auto's schedule and its predictions, beside what the figures measured
+            "auto": decision.to_json() if decision is not None else None,
         },
     }
 
