@@ -126,6 +126,17 @@ def run_sweep(
     }
 
 
+def parse_protocols(text: str) -> tuple[Protocol, ...]:
+    """``B0,I1,I2,auto``: the arms of every cell; I1 (the control) is added if missing."""
+    known = {p.value.upper(): p for p in Protocol}
+    names = [n.strip().upper() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise BadRequestError(f"--protocols takes a list of {', '.join(known)} (got {text!r})")
+    chosen = [known[n] for n in dict.fromkeys(names)]
+    return tuple(chosen if Protocol.I1 in chosen else [Protocol.I1, *chosen])
+
+
 def parse_cells(texts: Sequence[str]) -> tuple[Cell, ...]:
     """``PRESET:NAME=RUNGS:COMPRESSION`` items, e.g. ``qwen2.5-0.5b:short=256,512:none``."""
     out = []
