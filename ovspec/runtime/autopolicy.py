@@ -17,12 +17,9 @@ from ovspec.errors import BadRequestError, arg
 from ovspec.ladder import Ladder
 from ovspec.runtime.plan import BoundaryPlan, RungCosts, rungs_needed
 
-# Candidates predicted within this much of the fastest are ties (relative, then seconds):
-# among ties the policy keeps more rungs (KV follows the tokens) and starts builds later.
-TIE_RELATIVE = 0.005
-TIE_S = 0.005
-# More optional rungs than this and only single skips and a bigger start are tried.
-MAX_SUBSET_RUNGS = 10
+# Predictions this close to the fastest (relative + seconds) tie: more rungs, later starts win.
+TIE_RELATIVE, TIE_S = 0.005, 0.005
+MAX_SUBSET_RUNGS = 10  # past this many optional rungs: only single skips and bigger starts
 
 
 class Trigger(Enum):

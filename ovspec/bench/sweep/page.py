@@ -130,6 +130,13 @@ def _cp_text(cp: PairedSummary | None) -> str:
     )
 
 
+def _precisions(cells: list[Mapping[str, Any]]) -> str:
+    used = sorted({c["compression"] for c in cells}, key=lambda c: (c != "none", c != "int8", c))
+    if used == ["none", "int8", "int4"]:
+        return "f16 weights (none), nncf int8 and int4 weight compression"
+    return ", ".join(used) + " (none: the model's own weights; intN: nncf weight compression)"
+
+
 def render(document: Mapping[str, Any]) -> str:
     prompt = int(document["prompt_tokens"])
     verdicts = [verdict(c, prompt) for c in document["cells"]]
@@ -172,7 +179,7 @@ def render(document: Mapping[str, Any]) -> str:
         + ".",
         "- Ladders: "
         + "; ".join(f"{name} {','.join(map(str, lad))}" for name, lad in ladders.items())
-        + ". Precisions: f16 weights (none), nncf int8 and int4 weight compression.",
+        + f". Precisions: {_precisions(document['cells'])}.",
         f"- Load average (1, 5, 15 min) {before} before and {after} after; wall "
         f"{document['wall_s'] / 60:.1f} min.",
         "",
