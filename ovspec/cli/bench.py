@@ -58,7 +58,8 @@ if TYPE_CHECKING:
     "--protocols",
     default="B0,B1,I1,I2,I3",
     show_default=True,
-    help="Which protocols to run (the control I1 always); I3 needs page-aligned rungs.",
+    help="Which protocols to run (the control I1 always); I3 needs page-aligned rungs; "
+    "auto plans from a calibration run's costs.",
 )
 @click.option(
     "--variants",
@@ -207,7 +208,7 @@ def _protocols(text: str) -> tuple[Protocol, ...]:
     from ovspec.bench.protocols.setups import Protocol
 
     names = [p.strip().upper() for p in text.split(",") if p.strip()]
-    known = {p.value: p for p in Protocol}
+    known = {p.value.upper(): p for p in Protocol}
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise BadRequestError(f"--protocols takes a list of {', '.join(known)} (got {text!r})")

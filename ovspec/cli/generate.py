@@ -53,7 +53,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Kept as literals so `ovspec --help` does not import openvino; a test checks they
 # match ovspec.loader.Policy and ovspec.kv.KVLayout.
-POLICY_CHOICES = ("one_ahead", "eager", "on_demand")
+POLICY_CHOICES = ("one_ahead", "eager", "on_demand", "auto")
 KV_LAYOUT_CHOICES = ("copy-and-grow", "shared-max", "remap")
 
 
@@ -177,7 +177,8 @@ def sampling_options(func: F) -> F:
     type=click.Choice(POLICY_CHOICES),
     default="one_ahead",
     show_default=True,
-    help="When rungs compile: the successor in the background, all up front, or at the boundary.",
+    help="When rungs compile: the successor in the background, all up front, at the "
+    "boundary, or auto (chosen per request from known costs; one ahead without them).",
 )
 @click.option(
     "--kv-layout",

@@ -125,6 +125,13 @@ RUNG_VALUES = RungValuesType()
     "rung when its latest feasible start comes before the next boundary; window queues "
     "a rung when the window before it is shorter than its compile.",
 )
+@click.option(
+    "--build-lanes",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Builds that run at once, for auto's schedule (the split's host: 1).",
+)
 @load_mode_option
 @cache_dir_option
 @remote_options
@@ -145,6 +152,7 @@ def plan(
     measure_steps: int,
     no_early_start: bool,
     rule: str,
+    build_lanes: int,
     load_mode: str | None,
     cache_dir: Path | None,
     remote: RemoteConfig | None,
@@ -159,6 +167,7 @@ def plan(
     store measured) instead of its compile: the loader prefers a fetch.
     """
     from ovspec.compile.modes import BlobMode
+    from ovspec.runtime.autopolicy import Lanes
     from ovspec.runtime.planner import PlanRequest, make_plan
     from ovspec.runtime.schedule import EarlyStartRule
     from ovspec.store.local import Store
@@ -182,6 +191,7 @@ def plan(
         early_start=not no_early_start,
         rule=EarlyStartRule(rule.replace("-", "_")),
         load_mode=load_mode,
+        lanes=Lanes(build_lanes, build_lanes),
     )
     if request.reads_store:
         # Every check before the store is opened (a built-in model is written into it).
@@ -285,3 +295,39 @@ def _echo_text(report: PlanReport) -> None:
         + (f"; speculative compiles: {speculative}" if speculative else "")
     )
     click.echo(report.conclusion)
+    click.echo("")
+    _echo_auto(report)
+
+
+def _echo_auto(report: PlanReport) -> None:
+    """auto's schedule in one table (a row per rung it decodes on) and why."""
+    decision = report.auto
+    if decision is None:
+        click.echo(f"auto: no schedule ({report.auto_note})")
+        return
+    schedule, chosen = decision.schedule, decision.chosen
+    lanes = f", {schedule.lanes} builds at once" if schedule.lanes > 1 else ""
+    click.echo(f"auto: {schedule.name} on rungs {','.join(map(str, schedule.rungs))}{lanes}")
+    slack = {b.to_capacity_tokens: b for b in chosen.boundaries}
+    rows = []
+    for rung in schedule.rungs:
+        start_s, ready_s = chosen.build_s[rung]
+        start = schedule.starts.get(rung)
+        b = slack.get(rung)
+        rows.append(
+            [
+                str(rung),
+                start.label() if start is not None else "first rung",
+                f"{start_s:.3f}",
+                f"{ready_s:.3f}",
+                f"{b.boundary_s:.3f}" if b is not None else "-",
+                f"{b.slack_s:+.3f}" if b is not None else "-",
+            ]
+        )
+    header = ["rung", "build queued", "start s", "ready s", "needed s", "slack s"]
+    for text in _table(header, rows, {0, 1}):
+        click.echo(text)
+    for reason in decision.reasons:
+        click.echo(f"  - {reason}")
+    fixed = ", ".join(f"{k} {v.finished_s:.3f} s" for k, v in decision.fixed.items())
+    click.echo(f"predicted last token: auto {chosen.finished_s:.3f} s; {fixed}")

@@ -26,6 +26,7 @@ from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
+from ovspec.runtime.autorun import AutoLoader
 from ovspec.runtime.kv import (
     KVCache,
     KVLayout,
@@ -236,6 +237,10 @@ def decode(
         return _decode_paged(loader, prompt_ids, feed, measure_physical)
     ladder = loader.ladder
     roles = _checked_roles(loader, prompt_ids, max_new_tokens, forced_ids)
+    if isinstance(loader, AutoLoader):  # the rungs this request decodes on, and when each builds
+        fed = len(forced_ids) if forced_ids is not None else max(max_new_tokens - 1, 0)
+        stops = forced_ids is None and (bool(stop_ids) or on_token is not None)
+        ladder = loader.begin_request(len(prompt_ids), fed, stops)
     origin = loader.origin_s
     choice = choose_layout(kv_layout or loader.kv_layout, roles, ladder)
     if choice.failover:
@@ -259,6 +264,8 @@ def decode(
         finally:
             kv.close()
     rungs = [first] + [b.migration.to_capacity_tokens for b in session.boundaries]
+    if isinstance(loader, AutoLoader):
+        loader.end_request(rungs[-1])
     return DecodeResult(
         prompt_tokens=len(prompt_ids),
         token_ids=run.token_ids,

@@ -6,8 +6,9 @@ it must; ``prefetch(spec)`` queues the same work on one background worker. A pol
 decides what is compiled when: ``eager`` (every rung before the first token),
 ``one_ahead`` (the first rung in the foreground, then one successor in the background
 after each switch, earlier when a deadline plan says a window is too short) and
-``on_demand`` (compile at the boundary: the stall baseline). No policy starts a rung
-beyond the request's reachable length (``start(..., reachable_tokens=)``).
+``on_demand`` (compile at the boundary: the stall baseline); ``auto`` is
+``autorun.AutoLoader``'s. No policy starts a rung beyond the request's reachable length
+(``start(..., reachable_tokens=)``).
 Every compile, import, hit and wait is an event with times relative to ``open``.
 """
 
@@ -42,6 +43,7 @@ class Policy(Enum):
     EAGER = "eager"
     ONE_AHEAD = "one_ahead"
     ON_DEMAND = "on_demand"
+    AUTO = "auto"  # per request, from known costs (runtime/autorun.py)
 
 
 class EventKind(Enum):
@@ -54,6 +56,8 @@ class EventKind(Enum):
     WAIT = "wait"  # get() blocked on a background load
     EARLY_START = "early_start"  # the plan queued a rung before its one-ahead turn
     RELEASED = "released"  # a graph the sequence has passed was dropped
+    PLANNED = "planned"  # auto's schedule for a request (seconds: its predicted last token)
+    REPLANNED = "replanned"  # auto moved builds: measured times drifted from the plan
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import openvino as ov
@@ -33,6 +34,8 @@ from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir, resolve_model
 from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import Specialization
+from ovspec.runtime.autopolicy import Lanes
+from ovspec.runtime.autorun import AutoLoader
 from ovspec.runtime.kv import choose_layout
 from ovspec.runtime.loader import Loader, Policy
 from ovspec.runtime.options import OpenOptions, Tuning
@@ -99,8 +102,8 @@ def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
 
 def _asks_for_rungs(options: OpenOptions, tuning: Tuning) -> bool:
     """Whether ``options`` name something only rung graphs have: a KV layout, weight
-    compression, graph rewrites, the prompt graph's halves, trimmed weight pages or a
-    window plan."""
+    compression, graph rewrites, the prompt graph's halves, trimmed weight pages, a
+    window plan or auto's costs."""
     return (
         options.kv_layout is not None
         or options.compression is not None
@@ -108,6 +111,7 @@ def _asks_for_rungs(options: OpenOptions, tuning: Tuning) -> bool:
         or bool(tuning.halve_prompt_graph)
         or bool(tuning.trim_weight_pages)
         or tuning.window_plan is not None
+        or tuning.auto_costs is not None
     )
 
 
@@ -153,10 +157,9 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
             decode_tid = threading.get_native_id()  # the thread that opens decodes
             pin_threads = functools.partial(pin_split, cores, decode_tid)
         owned = contextlib.ExitStack()
-        loader = Loader(
+        loader = _loader_class(options, tuning)(
             compiler,
             options.ladder,
-            options.policy,
             prefill_chunk_tokens=options.prefill_chunk_tokens,
             window_plan=tuning.window_plan,
             on_close=(owned.close,),
@@ -171,6 +174,16 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
         )
         owned.push(stack.pop_all())  # the loader closes them from now on
     return loader
+
+
+def _loader_class(options: OpenOptions, tuning: Tuning) -> Callable[..., Loader]:
+    """The policy's loader: ``auto`` runs its own (costs from the tuning; lanes: one host
+    build at a time under the split, else by the cores)."""
+    if options.policy is not Policy.AUTO:
+        return functools.partial(Loader, policy=options.policy)
+    cores = tuning.cores
+    lanes = Lanes.for_cores(len(usable_cores()), split=cores is not None)
+    return functools.partial(AutoLoader, costs=tuning.auto_costs, lanes=lanes)
 
 
 def rung_loader(loader: Loader | PagedLoader, what: str) -> Loader:

@@ -19,6 +19,7 @@ from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ir.rewrites import RewriteSet
 from ovspec.ladder import Ladder
+from ovspec.runtime.autopolicy import AutoCosts
 from ovspec.runtime.kv import KVLayout
 from ovspec.runtime.loader import Policy
 from ovspec.runtime.schedule import WindowPlan
@@ -89,6 +90,7 @@ class Tuning:
     profile says so, for graphs compiled from the IR, a lazy policy and >= 2 cores.
     ``origin_s``: the ``perf_counter`` value event times count from (default: open).
     ``window_plan``: per-rung predictions that let one-ahead start a successor early.
+    ``auto_costs``: what the ``auto`` policy plans from (``autopolicy.AutoCosts``).
     """
 
     split: CoreSplit | bool | None = None
@@ -96,6 +98,7 @@ class Tuning:
     halve_prompt_graph: bool | None = None
     origin_s: float | None = None
     window_plan: WindowPlan | None = None
+    auto_costs: AutoCosts | None = None
 
     def __post_init__(self) -> None:
         if self.split is True:

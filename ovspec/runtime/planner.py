@@ -14,6 +14,7 @@ from ovspec.compile.modes import BlobMode
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ladder import Ladder
+from ovspec.runtime.autopolicy import AutoCosts, Decision, Lanes, Request, choose
 from ovspec.runtime.costs import DEFAULT_MEASURE_STEPS
 from ovspec.runtime.plan import Plan, RungCosts, RungValues, conclusion, plan_one_ahead
 from ovspec.runtime.plan import rungs_needed as _rungs_needed
@@ -50,6 +51,7 @@ class PlanRequest:
     early_start: bool = True
     rule: EarlyStartRule = EarlyStartRule.LATEST_START
     load_mode: str | None = None  # None: the device's default
+    lanes: Lanes = field(default_factory=Lanes)  # builds at once, for auto's schedule
 
     def __post_init__(self) -> None:
         if self.decode_ms is not None and self.measure:
@@ -94,6 +96,8 @@ class PlanReport:
     one_ahead: Plan  # pure one-ahead, no early start
     planned: Plan | None  # with early starts under the request's rule; None when off
     conclusion: str
+    auto: Decision | None = None  # auto's schedule on the same costs (None: it has none)
+    auto_note: str = ""  # why there is no auto schedule
 
     @property
     def shown(self) -> Plan:
@@ -126,6 +130,7 @@ class PlanReport:
             "plan": shown.to_json(),
             "one_ahead": self.one_ahead.to_json(),
             "conclusion": self.conclusion,
+            "auto": self.auto.to_json() if self.auto is not None else {"note": self.auto_note},
         }
 
 
@@ -180,6 +185,7 @@ def make_plan(
             EarlyStartRule.LATEST_START if rule is EarlyStartRule.WINDOW else EarlyStartRule.WINDOW
         )
         better = plan_one_ahead(request.ladder, request.prompt_tokens, new, costs, True, other)
+    auto, auto_note = _auto_decision(request, costs)
     return PlanReport(
         request=request,
         model=gathered.model or request.model,
@@ -190,7 +196,21 @@ def make_plan(
         one_ahead=one_ahead,
         planned=planned,
         conclusion=conclusion(one_ahead, planned, better),
+        auto=auto,
+        auto_note=auto_note,
     )
+
+
+def _auto_decision(request: PlanRequest, costs: RungCosts) -> tuple[Decision | None, str]:
+    """What ``policy="auto"`` would run on these costs (no interference term: the plan's
+    costs do not measure it), or why it cannot say."""
+    prompt_rung = request.ladder.rung_for(request.prompt_tokens)
+    auto_costs = AutoCosts.from_rung_costs(costs, prompt_rung)
+    asked = Request(request.prompt_tokens, request.planned_new_tokens)
+    try:
+        return choose(request.ladder, asked, auto_costs, request.lanes), ""
+    except BadRequestError as exc:
+        return None, str(exc)
 
 
 def _given_costs(request: PlanRequest, rungs: tuple[int, ...]) -> _Gathered:

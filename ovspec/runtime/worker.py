@@ -25,11 +25,12 @@ T = TypeVar("T")
 
 
 class Worker:
-    """One background thread running loads in order."""
+    """Background threads running loads (one by default: in order)."""
 
-    def __init__(self, cores: tuple[int, ...] | None = None) -> None:
+    def __init__(self, cores: tuple[int, ...] | None = None, lanes: int = 1) -> None:
+        self.lanes = lanes
         self._pool = ThreadPoolExecutor(
-            max_workers=1,
+            max_workers=lanes,
             thread_name_prefix=WORKER_THREAD_PREFIX,
             initializer=_prepare_thread,
             initargs=(cores,),

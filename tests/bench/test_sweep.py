@@ -1,11 +1,20 @@
-"""The sweep's grid and ladder parsing (the page itself is covered by test_pages)."""
+"""The sweep's grid and ladder parsing, a tiny sweep run for real (every arm, auto's
+plans kept) and the auto verdicts' bound (the I1/I2 page is covered by test_pages)."""
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 import pytest
 
-from ovspec.bench.sweep.runner import SweepGrid, parse_ladders
+from ovspec.bench.sweep.autopage import auto_verdict
+from ovspec.bench.sweep.page import render
+from ovspec.bench.sweep.runner import SweepGrid, parse_ladders, run_sweep
+from ovspec.compile.split import CoreSplit
 from ovspec.errors import BadRequestError
+from ovspec.ir.model_dir import resolve_model
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder
 
 
@@ -44,3 +53,59 @@ def test_the_grid_refuses_what_it_cannot_run(kwargs: dict[str, object], message:
 def test_ladders_need_a_name() -> None:
     with pytest.raises(BadRequestError, match="NAME=RUNGS"):
         parse_ladders(["128,256"])
+
+
+# -- a tiny sweep, run for real: every arm, auto's plans kept, the page from samples -------
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("sweep")
+    grid = SweepGrid(
+        ("tiny",), parse_ladders(["d=32,64,128"]), ("none",), prompt_tokens=16, repetitions=2
+    )
+    return run_sweep(
+        grid,
+        lambda preset: resolve_model(f"builtin:{preset}", work / "models"),
+        work / "runs",
+        CoreSplit.default(),
+        EXACT_CPU_PROPERTIES,
+    )
+
+
+def test_a_tiny_sweep_keeps_every_sample_and_auto_plan(tiny_sweep: dict[str, Any]) -> None:
+    (cell,) = tiny_sweep["cells"]
+    assert tiny_sweep["protocols"] == ["B0", "I1", "I2", "auto"]
+    runs = Counter(r["protocol"] for r in cell["runs"])
+    assert runs == {"B0": 2, "I1": 2, "I2": 2, "auto": 2}  # samples, not summaries
+    assert sorted(cell["auto_plans"]) == ["0", "1"]
+    for plan in cell["auto_plans"].values():
+        assert plan["schedule"]["rungs"][-1] == 128 and plan["predicted"]["boundaries"] is not None
+    assert set(cell["calibration"]["ready_s"]) == {"32", "64", "128"}
+    page = render(tiny_sweep)
+    assert "## auto against the fixed policies" in page
+    assert "| tiny / d / none |" in page.split("## auto against the fixed policies")[1]
+    assert "Waits the plan predicted:" in page
+
+
+def test_auto_verdicts_follow_the_interval_bound(tiny_sweep: dict[str, Any]) -> None:
+    (cell,) = tiny_sweep["cells"]
+    best = auto_verdict(cell)
+    assert best is not None
+    base = {
+        r["repetition"]: r["critical_path_s"] for r in cell["runs"] if r["protocol"] == best.best
+    }
+
+    def with_auto(scale: float, jitter: float) -> dict[str, Any]:
+        runs = [
+            {**r, "critical_path_s": base[r["repetition"]] * scale + jitter * r["repetition"]}
+            if r["protocol"] == "auto"
+            else r
+            for r in cell["runs"]
+        ]
+        return {**cell, "runs": runs}
+
+    slower = auto_verdict(with_auto(1.10, 0.001))
+    faster = auto_verdict(with_auto(0.90, 0.001))
+    assert slower is not None and not slower.not_worse
+    assert faster is not None and faster.not_worse

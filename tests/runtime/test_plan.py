@@ -522,10 +522,11 @@ def test_flags_only_text_table_and_conclusion(tmp_path: Path) -> None:
     row = next(line for line in lines if line.startswith("2048→4096"))
     assert row.split()[:4] == ["2048→4096", "1024", "10.240", "12.000"]
     assert "early start: window of rung 2048 (10.24 s)" in row
-    assert lines[-1] == (
+    assert (
         "one-ahead would stall at 2048→4096 by 1.76 s; the loader starts 4096 early, "
         "which removes it"
-    )
+    ) in lines
+    assert lines[-1].startswith("predicted last token: auto ")  # auto's schedule follows
     assert list(tmp_path.iterdir()) == []  # flags alone never open the store
 
 

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from ovspec.bench.protocols.calibration import costs_from_run
 from ovspec.bench.protocols.metrics import RunFigures, band_edges, median
-from ovspec.bench.protocols.setups import CONTROL, SETUPS, Protocol
+from ovspec.bench.protocols.setups import CONTROL, DEFAULT_PROTOCOLS, SETUPS, Protocol
 from ovspec.bench.protocols.worker import RunRequest
 from ovspec.compile.split import CoreSplit
 from ovspec.errors import BadRequestError, OvspecError, TrialError
@@ -49,7 +50,7 @@ class BenchConfig:
     prefill_chunk_tokens: int
     seed: int
     work_dir: Path
-    protocols: tuple[Protocol, ...] = tuple(Protocol)
+    protocols: tuple[Protocol, ...] = DEFAULT_PROTOCOLS
     # The device/host split (decode and compile on disjoint cores); None: shared cores.
     split: CoreSplit | None = None
     shared_too: bool = False  # with a split, also run every protocol on shared cores
@@ -123,6 +124,8 @@ class BenchResult:
     # os.getloadavg() when the runs began and when they ended: the machine's other load.
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # arm label -> the auto arm's costs (AutoCosts JSON), from an untimed I1 run
+    calibrations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def select(self, variant: str, protocol: Protocol) -> list[RunOutcome]:
         return sorted(
@@ -204,6 +207,16 @@ def run_bench(
             for label, split in arms:
                 for protocol in config.protocols:
                     _run_one(config, worker, label, -1, protocol, warm_store, prompt, forced, split)
+        if Protocol.AUTO in config.protocols:
+            for label, split in arms:
+                store = warm_store
+                if variant == "cold":
+                    store = config.work_dir / f"calibration-{label}"
+                run = _run_one(config, worker, label, -2, CONTROL, store, prompt, forced, split)
+                if variant == "cold":
+                    shutil.rmtree(store, ignore_errors=True)
+                costs = costs_from_run(run.figures, config.ladder, config.prompt_tokens)
+                result.calibrations[label] = costs.to_json()
         for repetition, order in enumerate(orders):
             # Split and shared arms alternate which goes first, repetition by repetition.
             for label, split in arms[:: 1 if repetition % 2 == 0 else -1]:
@@ -211,8 +224,20 @@ def run_bench(
                     store = warm_store
                     if variant == "cold":
                         store = config.work_dir / f"cold-{repetition}-{label}-{protocol.value}"
+                    costs_json = (
+                        result.calibrations.get(label) if protocol is Protocol.AUTO else None
+                    )
                     outcome = _run_one(
-                        config, worker, label, repetition, protocol, store, prompt, forced, split
+                        config,
+                        worker,
+                        label,
+                        repetition,
+                        protocol,
+                        store,
+                        prompt,
+                        forced,
+                        split,
+                        costs_json,
                     )
                     if variant == "cold":
                         shutil.rmtree(store, ignore_errors=True)
@@ -235,6 +260,7 @@ def _run_one(
     prompt: list[int],
     forced: list[int],
     split: CoreSplit | None = None,
+    auto_costs: dict[str, Any] | None = None,
 ) -> RunOutcome:
     stem = config.work_dir / f"{variant}-r{repetition}-{protocol.value}"
     request = RunRequest(
@@ -255,6 +281,7 @@ def _run_one(
         split=split.to_json() if split is not None else None,
         load_mode=config.load_mode,
         compression=config.compression,
+        auto_costs=auto_costs,
     )
     request_path = stem.with_suffix(".request.json")
     request_path.write_text(json.dumps(request.to_json()))

@@ -4,7 +4,8 @@ A protocol fixes which rungs exist, when they are compiled (the loader policy) a
 how KV memory is laid out. B0 is the direct max-capacity graph; B1 the shared-max
 pyramid; I1 copy-and-grow with every rung compiled up front; I2 the same graphs
 compiled one ahead in the background; I3 one-ahead with the remap layout (pages move
-at a boundary, nothing is copied).
+at a boundary, nothing is copied); auto copy-and-grow under the ``auto`` policy, its
+costs from a calibration run (runner).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Protocol(Enum):
     I1 = "I1"
     I2 = "I2"
     I3 = "I3"
+    AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,21 @@ SETUPS: dict[Protocol, ProtocolSetup] = {
         KVLayout.REMAP,
         single_top_rung=False,
     ),
+    Protocol.AUTO: ProtocolSetup(
+        Protocol.AUTO,
+        "copy-and-grow, the auto policy: rungs and build starts chosen from measured costs",
+        Policy.AUTO,
+        KVLayout.COPY_AND_GROW,
+        single_top_rung=False,
+    ),
 }
 
-CONTROL = Protocol.I1  # boundary logits are compared against this protocol's run
+CONTROL = Protocol.I1
+# What a bench runs unless asked: auto needs a calibration run first (opt in).
+DEFAULT_PROTOCOLS = (
+    Protocol.B0,
+    Protocol.B1,
+    Protocol.I1,
+    Protocol.I2,
+    Protocol.I3,
+)  # boundary logits are compared against this protocol's run

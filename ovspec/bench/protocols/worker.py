@@ -13,11 +13,15 @@ import resource
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ovspec.errors import OvspecError
+
+if TYPE_CHECKING:  # imported in run(), after the split is set up
+    from ovspec.runtime.autopolicy import Decision
+    from ovspec.runtime.decoding import DecodeResult
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class RunRequest:
     split: dict[str, list[int]] | None = None
     load_mode: str = "import"
     compression: str = "none"
+    auto_costs: dict[str, Any] | None = None  # the auto protocol's (AutoCosts JSON)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +73,8 @@ def run(request: RunRequest) -> dict[str, Any]:
     from ovspec.bench.protocols.metrics import compute
     from ovspec.bench.protocols.setups import SETUPS, Protocol
     from ovspec.ladder import Ladder
+    from ovspec.runtime.autopolicy import AutoCosts
+    from ovspec.runtime.autorun import AutoLoader
     from ovspec.store.local import Store
 
     setup = SETUPS[Protocol(request.protocol)]
@@ -85,7 +92,10 @@ def run(request: RunRequest) -> dict[str, Any]:
             prefill_chunk_tokens=request.prefill_chunk_tokens,
             load_mode=request.load_mode,
             compression=request.compression,
-            tuning=runtime.Tuning(split=split),
+            tuning=runtime.Tuning(
+                split=split,
+                auto_costs=AutoCosts.from_json(request.auto_costs) if request.auto_costs else None,
+            ),
         ) as loader,
     ):
         result = runtime.decode(
@@ -98,6 +108,7 @@ def run(request: RunRequest) -> dict[str, Any]:
         )
         roles = loader.roles()
         weights_bytes = loader.weights_bytes
+        decision = loader.decision if isinstance(loader, AutoLoader) else None
     peak_rss_bytes = peak_rss()
     figures = compute(
         result,
@@ -118,37 +129,39 @@ def run(request: RunRequest) -> dict[str, Any]:
         positions=np.array(sorted(kept), dtype=np.int64),
         logits=np.stack([kept[p] for p in sorted(kept)]) if kept else np.zeros((0, 0)),
     )
+    return {"figures": figures.to_json(), "timeline": _timeline(result, decision)}
+
+
+def _timeline(result: DecodeResult, decision: Decision | None) -> dict[str, Any]:
+    """What happened, step by step and load by load, with auto's plan beside it."""
     return {
-        "figures": figures.to_json(),
-        "timeline": {
-            "steps": [
-                [s.live_tokens, s.capacity_tokens, s.began_s, s.infer_s, int(s.prefill)]
-                for s in result.steps
-            ],
-            "reserved_kv": [list(pair) for pair in result.reserved_kv],
-            "kv_samples": [
-                [s.at_s, s.live_tokens, s.reserved_bytes, s.physical_bytes]
-                for s in result.kv_samples
-            ],
-            "kv_layout": result.kv_layout,
-            "kv_note": result.kv_note,
-            "events": [
-                {
-                    "kind": e.kind.value,
-                    "spec": e.spec,
-                    "at_s": e.at_s,
-                    "foreground": e.foreground,
-                    "seconds": e.seconds,
-                    "note": e.note,
-                    "build_s": e.build_s,
-                }
-                for e in result.events
-            ],
-            "boundaries": [
-                {"at_live_tokens": b.at_live_tokens, "began_s": b.began_s}
-                for b in result.boundaries
-            ],
-        },
+        "steps": [
+            [s.live_tokens, s.capacity_tokens, s.began_s, s.infer_s, int(s.prefill)]
+            for s in result.steps
+        ],
+        "reserved_kv": [list(pair) for pair in result.reserved_kv],
+        "kv_samples": [
+            [s.at_s, s.live_tokens, s.reserved_bytes, s.physical_bytes] for s in result.kv_samples
+        ],
+        "kv_layout": result.kv_layout,
+        "kv_note": result.kv_note,
+        "events": [
+            {
+                "kind": e.kind.value,
+                "spec": e.spec,
+                "at_s": e.at_s,
+                "foreground": e.foreground,
+                "seconds": e.seconds,
+                "note": e.note,
+                "build_s": e.build_s,
+            }
+            for e in result.events
+        ],
+        "boundaries": [
+            {"at_live_tokens": b.at_live_tokens, "began_s": b.began_s} for b in result.boundaries
+        ],
+        # auto's schedule and its predictions, beside what the figures measured
+        "auto": decision.to_json() if decision is not None else None,
     }
 
 

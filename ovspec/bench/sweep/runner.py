@@ -1,9 +1,10 @@
-"""The generality sweep: I1 against I2 across model sizes, ladders and precisions.
+"""The generality sweep: the fixed policies and auto across model sizes, ladders and
+precisions.
 
-Owns the grid (``SweepGrid``: presets x ladders x compressions), running each cell as
-a small bench (I1 and I2 only, N repetitions in alternating order, a cold store per
-run, the same split) and the results document (every run's figures per cell) that
-``sweep.page`` renders.
+Owns the grid (``SweepGrid``: presets x ladders x compressions, plus extra cells),
+running each cell as a small bench (B0, I1, I2 and auto by default, N repetitions in
+Williams order, a cold store per run, the same split; auto plans from a calibration
+run) and the results document (every run's figures, auto's plans) ``sweep.page`` renders.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
 MIB = 2**20
+SWEEP_PROTOCOLS = (Protocol.B0, Protocol.I1, Protocol.I2, Protocol.AUTO)
+Cell = tuple[str, str, Ladder, str]  # preset, ladder name, ladder, compression
 
 
 @dataclass(frozen=True)
@@ -32,25 +35,27 @@ class SweepGrid:
     compressions: tuple[str, ...]  # none, int8, int4
     prompt_tokens: int
     repetitions: int
+    extra_cells: tuple[Cell, ...] = ()  # beyond the product, e.g. a real model on one ladder
+    protocols: tuple[Protocol, ...] = SWEEP_PROTOCOLS
 
     def __post_init__(self) -> None:
         if not (self.presets and self.ladders and self.compressions):
             raise BadRequestError("a sweep needs at least one preset, ladder and compression")
         if self.repetitions < 2:
             raise BadRequestError("a sweep needs --repetitions 2 or more (paired intervals)")
-        for _, ladder in self.ladders:
+        for ladder in [lad for _, lad in self.ladders] + [c[2] for c in self.extra_cells]:
             if self.prompt_tokens >= ladder.top_tokens:
                 raise BadRequestError(
                     f"the {self.prompt_tokens}-token prompt does not fit ladder {ladder}"
                 )
 
-    def cells(self) -> list[tuple[str, str, Ladder, str]]:
+    def cells(self) -> list[Cell]:
         return [
             (preset, name, ladder, compression)
             for preset, (name, ladder), compression in itertools.product(
                 self.presets, self.ladders, self.compressions
             )
-        ]
+        ] + list(self.extra_cells)
 
 
 def run_sweep(
@@ -85,7 +90,7 @@ def run_sweep(
             prefill_chunk_tokens=grid.prompt_tokens,
             seed=seed,
             work_dir=work_dir / f"cell-{index}",
-            protocols=(Protocol.I1, Protocol.I2),
+            protocols=grid.protocols,
             split=split,
             load_mode="import",
             compression=compression,
@@ -99,11 +104,19 @@ def run_sweep(
                 "ladder": list(ladder),
                 "compression": compression,
                 "runs": [r.figures.to_json() for r in result.runs],
+                # auto's plan per repetition (its predicted boundaries), and its costs
+                "auto_plans": {
+                    str(r.figures.repetition): r.timeline.get("auto")
+                    for r in result.runs
+                    if r.figures.protocol == Protocol.AUTO.value
+                },
+                "calibration": result.calibrations.get("cold-split" if split else "cold"),
             }
         )
     return {
         "prompt_tokens": grid.prompt_tokens,
         "repetitions": grid.repetitions,
+        "protocols": [p.value for p in grid.protocols],
         "split": split.to_json() if split is not None else None,
         "properties": dict(properties),
         "load_before": list(load_before),
@@ -111,6 +124,29 @@ def run_sweep(
         "wall_s": time.perf_counter() - began,
         "cells": cells,
     }
+
+
+def parse_protocols(text: str) -> tuple[Protocol, ...]:
+    """``B0,I1,I2,auto``: the arms of every cell; I1 (the control) is added if missing."""
+    known = {p.value.upper(): p for p in Protocol}
+    names = [n.strip().upper() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise BadRequestError(f"--protocols takes a list of {', '.join(known)} (got {text!r})")
+    chosen = [known[n] for n in dict.fromkeys(names)]
+    return tuple(chosen if Protocol.I1 in chosen else [Protocol.I1, *chosen])
+
+
+def parse_cells(texts: Sequence[str]) -> tuple[Cell, ...]:
+    """``PRESET:NAME=RUNGS:COMPRESSION`` items, e.g. ``qwen2.5-0.5b:short=256,512:none``."""
+    out = []
+    for text in texts:
+        parts = text.split(":")
+        if len(parts) != 3 or not parts[0]:
+            raise BadRequestError(f"--cell takes PRESET:NAME=RUNGS:COMPRESSION (got {text!r})")
+        ((name, ladder),) = parse_ladders([parts[1]])
+        out.append((parts[0], name, ladder, parts[2] or "none"))
+    return tuple(out)
 
 
 def parse_ladders(texts: Sequence[str]) -> tuple[tuple[str, Ladder], ...]:
