@@ -1,11 +1,8 @@
-"""The NPU path's weights held once: NPUW's weightless blobs (a ladder stores the .bin
-once, not once per blob) and one weights bank shared by a model's rungs in a process."""
+"""The NPU path's weights held once in the store: NPUW's weightless blobs (a ladder stores
+the .bin once, not once per blob), each naming the model's one weights bank."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -94,62 +91,14 @@ def test_a_ladders_weightless_blobs_store_the_weights_once_not_per_blob(
     assert sum(stored) < 0.25 * model.bin_path.stat().st_size
 
 
-# Imports each rung's decode graph (built already) in a fresh process, each through its
-# own compiler (a bank name per rung, or the profile's: one per weights file); the
-# anonymous RSS after each has run once (an import evaluates its bank in the background).
-_IMPORT_RUNGS = """
-import json, sys
-from pathlib import Path
-from ovspec.compile.compiler import Compiler
-from ovspec.ir.model_dir import ModelDir
-from ovspec.ir.specialize import Specialization
-from ovspec.store.local import Store
-
-def anon_bytes():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) * 1024
-
-model, store, properties, capacities, per_rung = sys.argv[1], sys.argv[2], json.loads(
-    sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5] == "per-rung"
-programs, samples = [], []
-for capacity in capacities:
-    props = {**properties, "NPUW_WEIGHTS_BANK": f"rung-{capacity}"} if per_rung else properties
-    compiler = Compiler(ModelDir.open(model), "NPU", props, Store(Path(store)))
-    programs.append(compiler.load(Specialization.decode(capacity)))
-    programs[-1].compiled.create_infer_request().infer()  # waits for the bank's weights
-    samples.append(anon_bytes())
-print(json.dumps(samples))
-"""
-
-
-def _anon_growth_of_extra_rungs(model: Path, store: Path, per_rung: bool) -> int:
-    for capacity in LADDER:  # built here: the process measured only imports
-        bank = {WEIGHTS_BANK: f"rung-{capacity}"} if per_rung else {}
-        compiler = Compiler(ModelDir.open(model), "NPU", {**NPUW, **bank}, Store(store))
-        try:
-            compiler.build(Specialization.decode(capacity))
-        finally:
-            compiler.close()
-    args = [str(model), str(store), json.dumps(NPUW), json.dumps(LADDER)]
-    mode = "per-rung" if per_rung else "shared"
-    out = subprocess.run(
-        [sys.executable, "-c", _IMPORT_RUNGS, *args, mode],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    samples = json.loads(out.strip().splitlines()[-1])
-    return int(samples[-1] - samples[0])
-
-
-def test_rungs_imported_in_one_process_share_one_copy_of_the_weights(
-    small_dir: Path, tmp_path: Path
-) -> None:
-    bin_bytes = (small_dir / "openvino_model.bin").stat().st_size
-    shared = _anon_growth_of_extra_rungs(small_dir, tmp_path / "store", per_rung=False)
-    apart = _anon_growth_of_extra_rungs(small_dir, tmp_path / "store", per_rung=True)
-    # A bank per rung evaluates the f16 weights once per rung; the shared bank did not
-    # for most of the 3 extra rungs (measured here: 0.9-1.9 weights copies less in all;
-    # the rest of a rung's cost is the CPU subdevice's own, docs/npu.md).
-    assert apart - shared > 0.5 * bin_bytes
+def test_a_models_blobs_all_name_its_weights_bank(tiny_dir: Path, tmp_path: Path) -> None:
+    compiler = Compiler(ModelDir.open(tiny_dir), "NPU", NPUW, Store(tmp_path / "store"))
+    try:
+        specs = [Specialization.decode(32), Specialization.decode(64)]
+        blobs = [compiler.build(spec).path.read_bytes() for spec in specs]
+        digest = compiler.key(specs[0]).value("weights")
+    finally:
+        compiler.close()
+    bank = compiler.profile.shared_weights_properties(digest)[WEIGHTS_BANK].encode()
+    # NPUW writes the bank's name into the blob; an import joins the bank it names.
+    assert all(bank in blob for blob in blobs)
