@@ -6,8 +6,8 @@ NPU. ovspec completes the properties with ``NPU_USE_NPUW=YES``; the identity nam
 plugin's NPUW mode and each subdevice's own identity, so its blobs never mix with a
 real NPU's or the CPU plugin's. NPUW passes every other property its subdevices take
 on to them at compile, but not at import: the compiler's Core carries them there.
-Weightless blobs fold the repeated blocks (NPUW keeps weights out of its export only
-then), and a model's graphs name one weights bank so a ladder holds its weights once.
+Weightless blobs fold every subgraph into functions (NPUW keeps weights out of its export
+only then), so a ladder stores its weights once; a model's graphs name one weights bank.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ PLUGIN_MODE = "NPU_PLUGIN_MODE"  # the identity entry that says what compiles th
 FOLD = "NPUW_FOLD"
 FUNCALL_FOR_ALL = "NPUW_FUNCALL_FOR_ALL"
 ENABLE_WEIGHTLESS = "ENABLE_WEIGHTLESS"
-# Compiled models naming one bank share its tensors in a process; the name is written
-# into the blob and an import joins the bank the blob names.
+# Compiled models naming one bank may share its tensors in a process (NPUW matches them
+# by address: not reproducible across imports here, docs/npu.md); the name is written
+# into the blob, and an import joins the bank the blob names.
 WEIGHTS_BANK = "NPUW_WEIGHTS_BANK"
 
 
