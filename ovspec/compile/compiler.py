@@ -32,7 +32,7 @@ from ovspec.compile.devices import DeviceProfile, profile_for
 from ovspec.compile.devices.facts import DeviceFacts, compiler_version
 from ovspec.compile.graphcheck import mismatch
 from ovspec.compile.halves import CompiledGraph, compile_halves
-from ovspec.compile.modes import BlobMode, LoadMode, blob_compile_properties
+from ovspec.compile.modes import BlobMode, LoadMode
 from ovspec.compile.preparing import PreparedModel
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression, CompressionMode
@@ -134,7 +134,8 @@ class Compiler:
         )
         # The rung whose decode is served by its prefill graph (the prompt's: share_rung).
         self._shared_rung: int | None = None
-        self._compile_properties = {**self.properties, **blob_compile_properties(blob_mode)}
+        # Completed in ``key`` once the weights' digest is known (``_blob_properties``).
+        self._compile_properties: dict[str, str] | None = None
         self._core = ov.Core()
         self._prepared = PreparedModel(model_dir, self.compression, llm)
         if load_mode is LoadMode.COMPILE and self.compression.mode is CompressionMode.NONE:
@@ -225,12 +226,24 @@ class Compiler:
 
     # -- keys ---------------------------------------------------------------------
 
+    def _blob_properties(self, weights_digest: str) -> dict[str, str]:
+        """What a blob compiles with: the blob mode's properties over the user's, over the
+        shared-weights ones (derived from the weights digest, so they never split keys
+        the ``weights`` component does not)."""
+        return {
+            **self.profile.shared_weights_properties(weights_digest),
+            **self.properties,
+            **self.profile.blob_properties(self.blob_mode, self.properties),
+        }
+
     def key(self, spec: Specialization) -> BlobKey:
         if self._static_values is None:
+            weights_digest = self._memo.digest(self.model_dir.bin_path)
+            self._compile_properties = self._blob_properties(weights_digest)
             self._static_values = {
                 "format": str(KEY_FORMAT_VERSION),
                 "ir_structure": self._memo.digest(self.model_dir.xml_path),
-                "weights": self._memo.digest(self.model_dir.bin_path),
+                "weights": weights_digest,
                 "compression": self.compression.canonical,
                 "transforms": transforms_id(self.rewrites),
                 "device": self.facts.device,
@@ -477,6 +490,8 @@ class Compiler:
         return compiled, time.perf_counter() - began
 
     def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float, int]:
+        self.key(spec)  # completes the compile properties
+        assert self._compile_properties is not None
         compiled, compile_s = self._compile_whole(spec, self._compile_properties)
         began = time.perf_counter()
         try:

@@ -6,6 +6,8 @@ NPU. ovspec completes the properties with ``NPU_USE_NPUW=YES``; the identity nam
 plugin's NPUW mode and each subdevice's own identity, so its blobs never mix with a
 real NPU's or the CPU plugin's. NPUW passes every other property its subdevices take
 on to them at compile, but not at import: the compiler's Core carries them there.
+Weightless blobs fold every subgraph into functions (NPUW keeps weights out of its export
+only then), so a ladder stores its weights once; a model's graphs name one weights bank.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ovspec.compile.devices.facts import (
 )
 from ovspec.compile.devices.npu import NpuProfile
 from ovspec.compile.devices.profile import device_family
+from ovspec.compile.modes import BlobMode, blob_compile_properties
 from ovspec.errors import DeviceError, arg
 
 NPUW_DEVICES = "NPUW_DEVICES"
@@ -34,6 +37,16 @@ USE_NPUW = "NPU_USE_NPUW"
 # SUPPORTED_PROPERTIES.
 NPUW_PREFIX = "NPUW_"
 PLUGIN_MODE = "NPU_PLUGIN_MODE"  # the identity entry that says what compiles the blob
+# NPUW exports weightless only with folding on (its can_use_weightless_flow); folding
+# alone fails on builtin:small ("unordered_map::at") and folds nothing with 2 layers:
+# every subgraph as a function (FUNCALL_FOR_ALL) works on both.
+FOLD = "NPUW_FOLD"
+FUNCALL_FOR_ALL = "NPUW_FUNCALL_FOR_ALL"
+ENABLE_WEIGHTLESS = "ENABLE_WEIGHTLESS"
+# Compiled models naming one bank may share its tensors in a process (NPUW matches them
+# by address: not reproducible across imports here, docs/npu.md); the name is written
+# into the blob, and an import joins the bank the blob names.
+WEIGHTS_BANK = "NPUW_WEIGHTS_BANK"
 
 
 def _npuw_option(name: str) -> bool:
@@ -51,9 +64,10 @@ class NpuwProfile(NpuProfile):
 
     # f32 on the subdevice (the CPU's default may be bf16) and f32 links between NPUW's
     # partitions: within 1e-5 of the CPU plugin's logits (NPUW_ONLINE_PIPELINE=NONE,
-    # one partition, makes them equal).
+    # one partition, makes them equal). No folding: it stores f32 weights as f16
+    # (a logit gap of 2e-3 on tests/data/qwen2), so exact blobs carry their weights.
     exact_properties: ClassVar[Mapping[str, str]] = MappingProxyType(
-        {"NPUW_F16IC": "NO", "INFERENCE_PRECISION_HINT": "f32"}
+        {"NPUW_F16IC": "NO", "INFERENCE_PRECISION_HINT": "f32", FOLD: "NO"}
     )
 
     # A random 32-character token 40 bytes before the end of every NPUW export (measured
@@ -81,6 +95,22 @@ class NpuwProfile(NpuProfile):
         self, properties: Mapping[str, str], supported: frozenset[str]
     ) -> dict[str, str]:
         return dict(properties)  # no NPU driver, so no driver cache to bypass
+
+    def blob_properties(self, mode: BlobMode, properties: Mapping[str, str]) -> dict[str, str]:
+        """Weightless: fold, unless the user chose; full: say so, as NPUW exports a folded
+        model weightless unless told otherwise."""
+        if mode is BlobMode.FULL:
+            return {ENABLE_WEIGHTLESS: "NO"}
+        props = blob_compile_properties(mode)
+        if FOLD not in properties:
+            props.update({FOLD: "YES", FUNCALL_FOR_ALL: "YES"})
+        return props
+
+    def shared_weights_properties(self, weights_digest: str) -> dict[str, str]:
+        """One bank per weights file: a bank tells its tensors apart only by what tells them
+        apart within one model (address or .bin offset, type, shape), so two models must
+        never share a name; the digest keeps them apart."""
+        return {WEIGHTS_BANK: f"ovspec-{weights_digest[:16]}"}
 
     def subdevice_properties(
         self, core: ov.Core, subdevice: str, properties: Mapping[str, str]

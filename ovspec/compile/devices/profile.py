@@ -3,8 +3,9 @@ profile of its own (GPU, or any other): conservative ones, nothing measured assu
 
 A ``DeviceProfile`` holds every per-device decision ovspec makes: the default load mode
 and rewrites, which properties stay out of a blob key, the properties of an exact
-comparison and of a loader, what a timed compile bypasses, whether the prompt graph is
-halved and the IR's weight pages trimmed, and how the device's identity is read.
+comparison, of a loader and of each blob mode, how a model's graphs share its weights,
+what a timed compile bypasses, whether the prompt graph is halved and the IR's weight
+pages trimmed, and how the device's identity is read.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ovspec.compile.devices.facts import (
     is_available,
     present_facts,
 )
-from ovspec.compile.modes import LoadMode
+from ovspec.compile.modes import BlobMode, LoadMode, blob_compile_properties
 from ovspec.errors import DeviceError
 from ovspec.ir.rewrites import GraphRewrite, RewriteSet
 
@@ -100,6 +101,16 @@ class DeviceProfile:
         given the property names the device supports: caches that would make it a load
         are bypassed."""
         return dict(properties)
+
+    def blob_properties(self, mode: BlobMode, properties: Mapping[str, str]) -> dict[str, str]:
+        """The compile properties (beyond ``properties``, which win) that make the device
+        export a blob of ``mode``; in keys, as they change the blob."""
+        return blob_compile_properties(mode)
+
+    def shared_weights_properties(self, weights_digest: str) -> dict[str, str]:
+        """Compile properties that let the graphs of one model share one copy of its
+        weights in a process, given the digest of its weights (none, for most devices)."""
+        return {}
 
     def configure_core(self, core: ov.Core, properties: Mapping[str, str]) -> None:
         """Set on the Core that compiles and imports what the device does not take from
