@@ -33,9 +33,9 @@ from ovspec.ir.compression import Compression
 from ovspec.ladder import Ladder
 
 if TYPE_CHECKING:
-    from ovspec.compile.compiler import BuildOutcome
     from ovspec.compile.modes import LoadMode
     from ovspec.compile.prewarm import BuildPlan, BuildReport
+    from ovspec.compile.programs import BuildOutcome
     from ovspec.store.remote import RemoteConfig
     from ovspec.store.tier import Tier
 

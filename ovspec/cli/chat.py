@@ -63,7 +63,7 @@ HELP_LINE = "commands: /reset, /save FILE, /load FILE, /info, /quit"
     "most recent tokens and prefill them afresh.",
 )
 @click.option(
-    "--keep-first-tokens", type=click.IntRange(0), default=0, help="What a slide keeps first."
+    "--keep-first-tokens", type=tokens_range(0), default=0, help="What a slide keeps first."
 )
 @ladder_option
 @chunk_option

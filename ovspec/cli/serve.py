@@ -16,6 +16,7 @@ import click
 
 from ovspec.cli import cli
 from ovspec.cli.options import (
+    FiniteFloatRange,
     cache_dir_option,
     chunk_option,
     device_options,
@@ -62,7 +63,7 @@ API_KEY_ENV = "OVSPEC_API_KEY"
 @click.option(
     "--shutdown-grace",
     "shutdown_grace_s",
-    type=click.FloatRange(0, 3600),
+    type=FiniteFloatRange(0, 3600),
     default=10.0,
     show_default=True,
     help="Seconds running requests get to finish at SIGINT/SIGTERM before they are cancelled.",

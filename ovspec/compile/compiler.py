@@ -19,7 +19,6 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from ovspec.compile.graphcheck import mismatch
 from ovspec.compile.halves import CompiledGraph, compile_halves
 from ovspec.compile.modes import BlobMode, LoadMode
 from ovspec.compile.preparing import PreparedModel
+from ovspec.compile.programs import BuildOutcome, Program
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression, CompressionMode
 from ovspec.ir.model_dir import ModelDir
@@ -57,42 +57,6 @@ log = logging.getLogger(__name__)
 ROLES_METADATA = "roles"
 
 NO_PATCH = "none"
-
-
-@dataclass(frozen=True)
-class BuildOutcome:
-    """One specialization made available in the store (or compiled without one)."""
-
-    spec: Specialization
-    key_hex: str
-    hit: bool
-    compile_s: float  # this build's compile (miss) or the compile a hit saved
-    export_s: float
-    wait_s: float  # waiting for another process building the same key
-    blob_bytes: int
-    path: Path
-    stored: bool = True  # False: the store failed open; ``path`` is a private temp file
-    # From the remote tier: ``hit`` is False (the local store missed) and ``compile_s``
-    # is the compile the fetch saved; ``fetch_s`` is what fetching took.
-    fetched: bool = False
-    fetch_s: float = 0.0
-    host_s: float = 0.0  # split: the host process's whole build (0: built here)
-
-
-@dataclass(frozen=True)
-class Program:
-    """A compiled specialization ready for infer requests."""
-
-    spec: Specialization
-    compiled: CompiledGraph
-    build: BuildOutcome
-    import_s: float
-    # The mapped blob file: the CPU plugin keeps pointing into it, so it must live as
-    # long as ``compiled`` (dropping it segfaults inference).
-    backing: np.ndarray
-    # COMPILE mode: the graph was compiled (and run) for another specialization of its
-    # rung already, e.g. the decode of a rung whose prefill graph also decodes.
-    reused: bool = False
 
 
 class Compiler:
@@ -134,7 +98,7 @@ class Compiler:
         )
         # The rung whose decode is served by its prefill graph (the prompt's: share_rung).
         self._shared_rung: int | None = None
-        # Completed in ``key`` once the weights' digest is known (``_blob_properties``).
+        # Completed in ``key`` once the weights' digest is known.
         self._compile_properties: dict[str, str] | None = None
         self._core = ov.Core()
         self._prepared = PreparedModel(model_dir, self.compression, llm)
@@ -226,20 +190,12 @@ class Compiler:
 
     # -- keys ---------------------------------------------------------------------
 
-    def _blob_properties(self, weights_digest: str) -> dict[str, str]:
-        """What a blob compiles with: the blob mode's properties over the user's, over the
-        shared-weights ones (derived from the weights digest, so they never split keys
-        the ``weights`` component does not)."""
-        return {
-            **self.profile.shared_weights_properties(weights_digest),
-            **self.properties,
-            **self.profile.blob_properties(self.blob_mode, self.properties),
-        }
-
     def key(self, spec: Specialization) -> BlobKey:
         if self._static_values is None:
             weights_digest = self._memo.digest(self.model_dir.bin_path)
-            self._compile_properties = self._blob_properties(weights_digest)
+            self._compile_properties = self.profile.compile_properties(
+                self.blob_mode, self.properties, weights_digest
+            )
             self._static_values = {
                 "format": str(KEY_FORMAT_VERSION),
                 "ir_structure": self._memo.digest(self.model_dir.xml_path),

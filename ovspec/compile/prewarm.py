@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import openvino as ov
 
-from ovspec.compile.compiler import NO_PATCH, BuildOutcome, Compiler
+from ovspec.compile.compiler import NO_PATCH, Compiler
 from ovspec.compile.devices import profile_for
 from ovspec.compile.modes import BlobMode
 from ovspec.compile.preparing import prepare_model
+from ovspec.compile.programs import BuildOutcome
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir.compression import Compression
 from ovspec.ir.model_dir import ModelDir

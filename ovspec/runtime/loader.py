@@ -1,15 +1,11 @@
 """The lazy loader a decode runtime calls one step ahead.
 
-``get(spec)`` returns a compiled specialization from memory, else the store (and its
-remote tier: a fetch is preferred to a compile), else a compile, blocking only when
-it must; ``prefetch(spec)`` queues the same work on one background worker. A policy
-decides what is compiled when: ``eager`` (every rung before the first token),
-``one_ahead`` (the first rung in the foreground, then one successor in the background
-after each switch, earlier when a deadline plan says a window is too short) and
-``on_demand`` (compile at the boundary: the stall baseline); ``auto`` is
-``autorun.AutoLoader``'s. No policy starts a rung beyond the request's reachable length
-(``start(..., reachable_tokens=)``).
-Every compile, import, hit and wait is an event with times relative to ``open``.
+``get(spec)`` returns a compiled specialization from memory, the store (a remote fetch
+preferred to a compile) or a compile, blocking only when it must; ``prefetch(spec)``
+queues the same work on a background worker. A policy decides what is compiled when:
+``eager`` (every rung up front), ``one_ahead`` (the successor in the background after
+each switch, earlier when a deadline plan says so), ``on_demand`` (the stall baseline);
+``auto``: ``autorun.AutoLoader``. None builds past the request's reach; all is an event.
 """
 
 from __future__ import annotations
@@ -22,9 +18,10 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from ovspec.compile.compiler import Compiler, Program
+from ovspec.compile.compiler import Compiler
 from ovspec.compile.halves import CompiledGraph, HalvedCompiledModel
 from ovspec.compile.modes import LoadMode
+from ovspec.compile.programs import Program
 from ovspec.errors import CompileError, OvspecError
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.roles import ModelRoles

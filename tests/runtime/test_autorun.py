@@ -11,7 +11,7 @@ import pytest
 from test_loader import FakeCompiler
 from waiting import wait_until
 
-from ovspec.compile.compiler import Program
+from ovspec.compile.programs import Program
 from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.autopolicy import AutoCosts, Lanes

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from ovspec.compile.compiler import BuildOutcome, Program
+from ovspec.compile.programs import BuildOutcome, Program
 from ovspec.errors import CompileError
 from ovspec.ir.specialize import Phase, Specialization
 from ovspec.ladder import Ladder

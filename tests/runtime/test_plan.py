@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.cli import cli
-from ovspec.compile.compiler import BuildOutcome, Program
+from ovspec.compile.programs import BuildOutcome, Program
 from ovspec.errors import BadRequestError
 from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder

@@ -112,6 +112,18 @@ class DeviceProfile:
         weights in a process, given the digest of its weights (none, for most devices)."""
         return {}
 
+    def compile_properties(
+        self, mode: BlobMode, properties: Mapping[str, str], weights_digest: str
+    ) -> dict[str, str]:
+        """What a blob compiles with: the blob mode's properties over the user's, over the
+        shared-weights ones (from the weights' digest: they never split keys the
+        ``weights`` component does not)."""
+        return {
+            **self.shared_weights_properties(weights_digest),
+            **properties,
+            **self.blob_properties(mode, properties),
+        }
+
     def configure_core(self, core: ov.Core, properties: Mapping[str, str]) -> None:
         """Set on the Core that compiles and imports what the device does not take from
         a compile or import config (nothing, for most devices)."""
