@@ -57,9 +57,7 @@ def reserved_peak_tokens(run: Mapping[str, Any], config: Mapping[str, Any]) -> f
     return float(max(run["rungs"]))
 
 
-def ratio_interval(
-    runs: Sequence[Mapping[str, Any]], peer: str, metric: Metric
-) -> Interval | None:
+def ratio_interval(runs: Sequence[Mapping[str, Any]], peer: str, metric: Metric) -> Interval | None:
     """ovspec's ``metric`` over ``peer``'s, paired by repetition: the paired-t interval
     of ``common.verdicts``; a figure that does not vary (computed, not timed) is exact,
     its interval a point. None: fewer than 2 pairs of a varying figure."""
@@ -109,15 +107,16 @@ def _figures(
         ("peak RSS, VmHWM (MiB)", lambda r: float(r["vm_hwm_mib"]), 0, RSS_TARGET),
     ]
     for lo, hi in config["bands"]:
-        out.append(
-            (
-                f"decode, {lo}–{hi} live (ms/token)",
-                lambda r, b=(lo, hi): band_ms(r["token_s"], prompt, b),
-                1,
-                DECODE_TARGET,
-            )
-        )
+        label = f"decode, {lo}–{hi} live (ms/token)"
+        out.append((label, _band_metric(prompt, (lo, hi)), 1, DECODE_TARGET))
     return out
+
+
+def _band_metric(prompt_tokens: int, band: tuple[int, int]) -> Metric:
+    def metric(run: Mapping[str, Any]) -> float | None:
+        return band_ms(run["token_s"], prompt_tokens, band)
+
+    return metric
 
 
 def render(results: Mapping[str, Any]) -> str:
@@ -139,7 +138,7 @@ def render(results: Mapping[str, Any]) -> str:
         "(`--device NPU`, `NPUW_DEVICES=CPU`; no NPU on this machine), on the same IR, "
         "prompt ids and subdevice, a fresh process per run, the arms interleaved with "
         "their order rotated and reversed between repetitions. `genai-npu`: "
-        "openvino-genai's `LLMPipeline(model, \"NPU\", NPUW_DEVICES=\"CPU\", "
+        'openvino-genai\'s `LLMPipeline(model, "NPU", NPUW_DEVICES="CPU", '
         "MAX_PROMPT_LEN=…, MIN_RESPONSE_LEN=…)`; `genai-npu-pyramid`: the same with "
         "`NPUW_LLM_GENERATE_PYRAMID=YES`; `ovspec-npu`: ovspec one-ahead on "
         "`--device NPU --config NPUW_DEVICES=CPU` with the device's default load mode "

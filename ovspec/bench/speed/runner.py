@@ -89,7 +89,8 @@ class Arm:
             return f"openvino-genai LLMPipeline on {self.device} ({extra}){sized}, no cache"
         mode = self.load_mode or "device default"
         store = {"fresh": "cold store", "kept": "warm store"}.get(self.store, "no store")
-        return f"ovspec {self.policy.replace('_', '-')} on {self.device} ({extra}), load {mode}, {store}"
+        policy = self.policy.replace("_", "-")
+        return f"ovspec {policy} on {self.device} ({extra}), load {mode}, {store}"
 
 
 ARMS: dict[str, Arm] = {
