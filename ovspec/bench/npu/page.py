@@ -156,8 +156,12 @@ def render(results: Mapping[str, Any]) -> str:
         "total, the smaller ones sharing the largest's KV tensors: below 1K + the response "
         "there is one graph, the total. genai's reserved KV is therefore that total for "
         "every token. ovspec's is, per generated token, the capacity of the smallest rung "
-        "it used (the run's recorded rungs) that holds the KV at that token; its peak is "
-        "the largest rung it used. Reserved KV is computed, not timed: its ratio is exact.",
+        "it used (the run's recorded rungs) that holds the KV at that token: its KV "
+        "tensors are the rung's (copy-and-grow allocates them at each boundary; remap, "
+        "the default where it works, commits the rung's pages of one address range "
+        "reserved for the top). Its peak is the largest rung it used. Not counted: the one "
+        "throwaway inference that warms a successor compiled ahead (its KV inputs live "
+        "for that call only). Reserved KV is computed, not timed: its ratio is exact.",
         "",
         "Ratios are ovspec over each genai arm, the geometric mean of the per-repetition "
         "ratios with a paired-t 95% interval; a target is met only when the interval's "
