@@ -55,7 +55,18 @@ def results_path(pages_dir: Path, page: str) -> Path:
 
 def write_page(pages_dir: Path, page: str, results: Mapping[str, Any]) -> Path:
     """Save ``results`` and the page rendered from them; returns the page's path."""
-    text = renderer(page)(results)
+    return write_page_with(pages_dir, page, results, renderer(page))
+
+
+def write_page_with(
+    pages_dir: Path,
+    page: str,
+    results: Mapping[str, Any],
+    render: Callable[[Mapping[str, Any]], str],
+) -> Path:
+    """``write_page`` with the renderer given: a page not yet in ``RENDERERS`` (it is
+    registered once its results are committed, as the pages test requires)."""
+    text = render(results)
     data = results_path(pages_dir, page)
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 RESULT_PREFIX = "RESULT "
+GENAI_INTEGER_PROPERTIES = frozenset({"MAX_PROMPT_LEN", "MIN_RESPONSE_LEN"})
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class ArmRequest:
     policy: str = "one_ahead"
     load_mode: str = ""  # "" = the device's default
     prefill_chunk_tokens: int = 128
+    device: str = "CPU"  # both runners' device ("NPU" with NPUW_DEVICES=CPU, say)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,7 +107,11 @@ def _genai(request: ArmRequest, on_token: Any) -> dict[str, Any]:
     import openvino as ov
     import openvino_genai
 
-    pipe = openvino_genai.LLMPipeline(request.model_dir, "CPU", **request.properties)
+    # genai's NPU pipeline reads its context sizes as integers (a string is refused).
+    properties: dict[str, Any] = {
+        k: int(v) if k in GENAI_INTEGER_PROPERTIES else v for k, v in request.properties.items()
+    }
+    pipe = openvino_genai.LLMPipeline(request.model_dir, request.device, **properties)
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = request.new_tokens
     config.ignore_eos = True
@@ -138,6 +144,7 @@ def _ovspec(request: ArmRequest, on_token: Any) -> dict[str, Any]:
         with runtime.open(
             request.model_dir,
             ladder=request.ladder,
+            device=request.device,
             properties=request.properties,
             store=store,
             policy=request.policy,

@@ -30,6 +30,25 @@ PAGE = "speed"
 DEFAULT_LADDER = "256,512,1024,2048"
 
 
+NPUW_ON_CPU = (("NPUW_DEVICES", "CPU"),)  # the NPU plugin's NPUW, compiling for the CPU
+NPUW_PROMPT_ALIGN_TOKENS = 64  # NPUW rounds MAX_PROMPT_LEN and MIN_RESPONSE_LEN up to this
+
+
+def npu_context_properties(prompt_tokens: int, ladder: Ladder) -> dict[str, str]:
+    """genai's NPU pipeline sized to the ladder's top: the prompt rounded up to NPUW's
+    64-token alignment (its prefill graph's length), the rest of the top as the
+    response. The pipeline reserves the sum up front (NPUW's generate graph's KV)."""
+    max_prompt = -(-prompt_tokens // NPUW_PROMPT_ALIGN_TOKENS) * NPUW_PROMPT_ALIGN_TOKENS
+    response = ladder.top_tokens - max_prompt
+    if response < NPUW_PROMPT_ALIGN_TOKENS or response % NPUW_PROMPT_ALIGN_TOKENS:
+        raise BadRequestError(
+            f"the ladder's top {ladder.top_tokens} leaves {response} tokens after a "
+            f"{max_prompt}-token prompt: genai's NPU pipeline needs a positive multiple of "
+            f"{NPUW_PROMPT_ALIGN_TOKENS}; raise the top rung"
+        )
+    return {"MAX_PROMPT_LEN": str(max_prompt), "MIN_RESPONSE_LEN": str(response)}
+
+
 @dataclass(frozen=True)
 class Arm:
     """One way to generate: genai, or ovspec with a policy, a load mode and a store."""
@@ -41,9 +60,15 @@ class Arm:
     load_mode: str = ""  # "" = the device's default
     # Properties this arm adds to the run's (genai's attention backend, say).
     extra_properties: tuple[tuple[str, str], ...] = ()
+    device: str = "CPU"
+    # genai's static NPU pipeline: its context sized to the ladder's top
+    # (``npu_context_properties``), as ovspec's largest rung is.
+    sized_context: bool = False
 
     @property
     def description(self) -> str:
+        if self.device != "CPU":
+            return self._device_description()
         if self.runner == "genai" and self.extra_properties:
             extra = ", ".join(f"{k}={v}" for k, v in self.extra_properties)
             return f"openvino-genai LLMPipeline with {extra}, no cache"
@@ -56,6 +81,16 @@ class Arm:
         mode = self.load_mode or "device default"
         store = {"fresh": "cold store", "kept": "warm store"}.get(self.store, "")
         return f"ovspec {self.policy.replace('_', '-')}, load {mode}, {store}"
+
+    def _device_description(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self.extra_properties)
+        if self.runner == "genai":
+            sized = ", MAX_PROMPT_LEN + MIN_RESPONSE_LEN = the ladder's top" * self.sized_context
+            return f"openvino-genai LLMPipeline on {self.device} ({extra}){sized}, no cache"
+        mode = self.load_mode or "device default"
+        store = {"fresh": "cold store", "kept": "warm store"}.get(self.store, "no store")
+        policy = self.policy.replace("_", "-")
+        return f"ovspec {policy} on {self.device} ({extra}), load {mode}, {store}"
 
 
 ARMS: dict[str, Arm] = {
@@ -77,6 +112,19 @@ ARMS: dict[str, Arm] = {
         Arm("ovspec-paged", "ovspec", store="kept", policy="on_demand", load_mode="paged"),
         # llama.cpp on the GGUF itself (its own interpreter: a benchmark-only build).
         Arm("llama.cpp", "llamacpp"),
+        # The NPU plugin's NPUW on CPU subdevices (no NPU here): genai's static pipeline,
+        # one generate graph at the top capacity or (pyramid) one per 1K step plus the
+        # response; ovspec's ladder with its device default load mode (import, blobs).
+        Arm("genai-npu", "genai", extra_properties=NPUW_ON_CPU, device="NPU", sized_context=True),
+        Arm(
+            "genai-npu-pyramid",
+            "genai",
+            extra_properties=(*NPUW_ON_CPU, ("NPUW_LLM_GENERATE_PYRAMID", "YES")),
+            device="NPU",
+            sized_context=True,
+        ),
+        Arm("ovspec-npu", "ovspec", store="fresh", extra_properties=NPUW_ON_CPU, device="NPU"),
+        Arm("ovspec-npu-warm", "ovspec", store="kept", extra_properties=NPUW_ON_CPU, device="NPU"),
     )
 }
 DEFAULT_ARMS = ("genai", "ovspec-cold", "ovspec-warm", "ovspec-import-warm", "ovspec-eager")
@@ -126,9 +174,10 @@ class SpeedConfig:
         if self.repetitions < 1:
             raise BadRequestError("--repetitions must be at least 1")
         unknown = [a for a in self.arms if a not in ARMS]
-        if unknown or "genai" not in self.arms:
+        if unknown or not any(ARMS[a].runner == "genai" for a in self.arms):
             raise BadRequestError(
-                f"--arms takes genai plus any of {', '.join(ARMS)} (got {', '.join(self.arms)})"
+                f"--arms takes a genai arm plus any of {', '.join(ARMS)} "
+                f"(got {', '.join(self.arms)})"
             )
         if "llama.cpp" in self.arms and not (
             self.model.endswith(".gguf") and self.llamacpp_python is not None
@@ -235,8 +284,10 @@ def run_speed(
 
     def request(arm: Arm, store: Path | None) -> ArmRequest:
         own = arm.runner == "genai" or arm.load_mode == "paged"  # no loader thread
-        props = dict(properties) if own else loader_properties("CPU", properties)
-        props.update(arm.extra_properties)
+        asked = {**properties, **dict(arm.extra_properties)}
+        props = asked if own else loader_properties(arm.device, asked)
+        if arm.sized_context:
+            props.update(npu_context_properties(len(prompt), config.ladder))
         gguf = arm.runner == "llamacpp"  # llama.cpp reads the GGUF itself
         return ArmRequest(
             arm=arm.runner,
@@ -249,6 +300,7 @@ def run_speed(
             policy=arm.policy,
             load_mode=arm.load_mode,
             prefill_chunk_tokens=config.prefill_chunk_tokens,
+            device=arm.device,
         )
 
     runs: list[dict[str, Any]] = []

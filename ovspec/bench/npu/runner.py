@@ -1,0 +1,106 @@
+"""The NPU-plugin benchmark's cases and their run: each case is a speed run (a fresh
+process per arm, interleaved, paired by repetition) of genai's NPU pipeline, with and
+without its generate pyramid, and ovspec one-ahead, all on ``--device NPU`` with
+``NPUW_DEVICES=CPU``; ``npu.page`` renders the document into docs/benchmarks/npu-plugin.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ovspec.bench.speed.runner import SpeedConfig, npu_context_properties, run_speed
+from ovspec.errors import BadRequestError
+from ovspec.ladder import Ladder
+
+PAGE = "npu-plugin"
+# History: 1 — first format (2026-12).
+RESULTS_FORMAT = 1
+REFERENCE_ARM = "genai-npu"
+OVSPEC_ARM = "ovspec-npu"
+NPU_ARMS = (REFERENCE_ARM, "genai-npu-pyramid", OVSPEC_ARM)
+# ovspec's NPUW profile's exact properties (f32 on the subdevice and between NPUW's
+# partitions, no folding), given to every arm so genai runs the same numerics.
+EXACT_NPUW_PROPERTIES: Mapping[str, str] = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "NPUW_F16IC": "NO",
+    "NPUW_FOLD": "NO",
+}
+
+
+@dataclass(frozen=True)
+class NpuCase:
+    """One model, prompt length, generated tokens and ladder."""
+
+    name: str
+    model: str  # a builtin:PRESET or an IR folder
+    prompt_tokens: int
+    new_tokens: int
+    ladder: str
+
+    def __post_init__(self) -> None:
+        # Refused here, before any run: genai's context must fit the ladder's top.
+        npu_context_properties(self.prompt_tokens, Ladder.parse(self.ladder))
+
+
+CASES: dict[str, NpuCase] = {
+    c.name: c
+    for c in (
+        # builtin:small decodes in milliseconds here: cheap, every rung crossed.
+        NpuCase("small-96", "builtin:small", 96, 400, "128,256,512"),
+        # The 0.5B-shaped preset: ~35 s to a cold first token and 0.2-0.6 s per token
+        # on NPUW over 2 cores, so fewer tokens (still through rungs 128 and 256).
+        NpuCase("qwen0.5b-96", "builtin:qwen2.5-0.5b", 96, 200, "128,256,512"),
+    )
+}
+DEFAULT_CASES = ("small-96", "qwen0.5b-96")
+
+
+def run_npu(
+    work_dir: Path,
+    cases: Sequence[NpuCase],
+    repetitions: int,
+    properties: Mapping[str, str] = EXACT_NPUW_PROPERTIES,
+    arms: Sequence[str] = NPU_ARMS,
+    prefill_chunk_tokens: int = 128,
+    on_progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every case's speed run; returns the results document (each case's runs whole,
+    with genai's NPU context, the KV it reserves, beside them)."""
+    say = on_progress or (lambda _m: None)
+    if not cases:
+        raise BadRequestError("no cases to run")
+    began = time.perf_counter()
+    work_dir = work_dir.resolve()
+    out: dict[str, Any] = {}
+    for case in cases:
+        ladder = Ladder.parse(case.ladder)
+        config = SpeedConfig(
+            model=case.model,
+            work_dir=work_dir,
+            ladder=ladder,
+            prompt_tokens=case.prompt_tokens,
+            new_tokens=case.new_tokens,
+            repetitions=repetitions,
+            arms=tuple(arms),
+            prefill_chunk_tokens=prefill_chunk_tokens,
+        )
+        say(f"case {case.name}: {', '.join(arms)}, {repetitions} repetitions")
+        results = run_speed(config, properties, _prefixed(say, case.name))
+        results["config"]["prompt_text"] = "random ids"
+        results["config"]["genai_context"] = npu_context_properties(case.prompt_tokens, ladder)
+        out[case.name] = results
+    return {
+        "format": RESULTS_FORMAT,
+        "cases": out,
+        "case_order": list(out),  # the saved document sorts mapping keys
+        "wall_s": time.perf_counter() - began,
+        "properties": dict(properties),
+    }
+
+
+def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda message: say(f"{prefix}: {message}")

@@ -1,0 +1,71 @@
+"""The NPU-plugin benchmark: its tool runs end to end on the tiny model (every arm on
+the NPU plugin's NPUW over CPU, real processes, one repetition) and writes a page its
+saved results render again; reserved KV follows the rungs a run used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ovspec.bench.npu.page import ovspec_kv_tokens, render
+from ovspec.bench.npu.runner import NpuCase
+from ovspec.errors import BadRequestError
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "bench_npu.py"
+TINY = ROOT / "tests" / "data" / "qwen2"
+
+
+def test_ovspec_reserves_the_rung_that_holds_each_token() -> None:
+    run = {"rungs": [64, 128], "token_ids": [0] * 30}
+    held = ovspec_kv_tokens(run, 40)
+    assert held[:25] == [64] * 25  # tokens 0-24: the KV holds 40-64 tokens
+    assert held[25:] == [128] * 5
+
+
+def test_genai_needs_room_for_a_response_under_the_top_rung() -> None:
+    with pytest.raises(BadRequestError, match="raise the top rung"):
+        NpuCase("full", "builtin:tiny", 100, 10, "64,128")  # prompt to 128 leaves nothing
+
+
+def test_the_tool_runs_end_to_end_and_writes_its_page(tmp_path: Path) -> None:
+    out = tmp_path / "pages"
+    done = subprocess.run(
+        [
+            sys.executable, str(TOOL), "--model", str(TINY), "--prompt-tokens", "40",
+            "--new-tokens", "30", "--ladder", "64,128", "--repetitions", "1",
+            "--work-dir", str(tmp_path / "work"), "--out", str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((out / "results" / "npu-plugin.json").read_text(encoding="utf-8"))
+    runs = results["cases"]["custom"]["runs"]
+    assert sorted(r["arm"] for r in runs) == ["genai-npu", "genai-npu-pyramid", "ovspec-npu"]
+    assert all(len(r["token_ids"]) == 30 for r in runs)
+    assert results["cases"]["custom"]["config"]["genai_context"] == {
+        "MAX_PROMPT_LEN": "64",
+        "MIN_RESPONSE_LEN": "64",
+    }
+    text = (out / "npu-plugin.md").read_text(encoding="utf-8")
+    assert text == render(results)
+    assert "--model" in text and "tests/data/qwen2" in text  # the command that made it
+    assert "| figure | genai-npu | genai-npu-pyramid | ovspec-npu |" in text
+    assert "| reserved KV, token-weighted (tokens) | 128 | 128 |" in text
+    assert "| decode, 64–128 live (ms/token) |" in text
+    assert "`ovspec-npu`: 1/1 runs' full token lists equal genai-npu's first run's" in text
+    assert "tokens identical: yes" in text
+
+
+def test_the_tool_says_what_it_takes() -> None:
+    done = subprocess.run(
+        [sys.executable, str(TOOL), "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0
+    assert "--cases" in done.stdout and "small-96" in done.stdout
