@@ -30,7 +30,8 @@ PAGE = "speed"
 DEFAULT_LADDER = "256,512,1024,2048"
 
 
-NPUW_ON_CPU = (("NPUW_DEVICES", "CPU"),)  # the NPU plugin's NPUW, compiling for the CPU
+HOST_DEVICE = "CPU"  # where the speed bench runs unless an arm names another device
+NPUW_ON_CPU = (("NPUW_DEVICES", HOST_DEVICE),)  # the NPU plugin's NPUW, compiling for the CPU
 NPUW_PROMPT_ALIGN_TOKENS = 64  # NPUW rounds MAX_PROMPT_LEN and MIN_RESPONSE_LEN up to this
 
 
@@ -60,14 +61,14 @@ class Arm:
     load_mode: str = ""  # "" = the device's default
     # Properties this arm adds to the run's (genai's attention backend, say).
     extra_properties: tuple[tuple[str, str], ...] = ()
-    device: str = "CPU"
+    device: str = HOST_DEVICE
     # genai's static NPU pipeline: its context sized to the ladder's top
     # (``npu_context_properties``), as ovspec's largest rung is.
     sized_context: bool = False
 
     @property
     def description(self) -> str:
-        if self.device != "CPU":
+        if self.device != HOST_DEVICE:
             return self._device_description()
         if self.runner == "genai" and self.extra_properties:
             extra = ", ".join(f"{k}={v}" for k, v in self.extra_properties)
