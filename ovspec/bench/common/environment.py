@@ -26,7 +26,18 @@ def git_commit() -> str:
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            # docs/ is not code: a page another benchmark just wrote does not dirty this run.
+            [
+                "git",
+                "-C",
+                str(repo),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)docs",
+            ],
             capture_output=True,
             text=True,
             check=True,
