@@ -83,20 +83,33 @@ def _genai(request: dict[str, Any]) -> dict[str, Any]:
     config.do_sample = False
     config.apply_chat_template = False
     turns: list[dict[str, Any]] = []
+
+    class FirstToken(openvino_genai.StreamerBase):  # type: ignore[misc]
+        """Token ids as they come: a text streamer would need a detokenizer, which the
+        built-in presets do not ship."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.began = time.perf_counter()
+            self.first_s: float | None = None
+
+        def write(self, token: Any) -> Any:
+            if self.first_s is None:
+                self.first_s = time.perf_counter() - self.began
+            return openvino_genai.StreamingStatus.RUNNING
+
+        def end(self) -> None:
+            pass
+
     pipe.start_chat()
     for ids in _turns(request):
-        first: list[float] = []
-        began = time.perf_counter()
-
-        def on_token(_token: Any, first: list[float] = first, began: float = began) -> bool:
-            if not first:
-                first.append(time.perf_counter() - began)
-            return False
-
         array = np.array(ids, dtype=np.int64)[None]
         inputs = openvino_genai.TokenizedInputs(ov.Tensor(array), ov.Tensor(np.ones_like(array)))
-        out = pipe.generate(inputs, config, streamer=on_token)
-        turns.append({"first_token_s": first[0], "token_ids": [int(t) for t in out.tokens[0]]})
+        streamer = FirstToken()
+        out = pipe.generate(inputs, config, streamer=streamer)
+        turns.append(
+            {"first_token_s": streamer.first_s, "token_ids": [int(t) for t in out.tokens[0]]}
+        )
     pipe.finish_chat()
     return {"turns": turns}
 
