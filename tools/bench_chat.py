@@ -16,9 +16,8 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.chat.page import render
 from ovspec.bench.chat.runner import PAGE, ChatConfig, run_chat
-from ovspec.bench.common.pages import results_path
+from ovspec.bench.common.pages import write_page
 from ovspec.bench.common.records import DEFAULT_MODELS_DIR
 from ovspec.cli import tool_errors
 
@@ -78,13 +77,7 @@ def main(
             cases[model] = run_chat(config, work_dir, {}, _progress(model))
         results: dict[str, object] = {"cases": cases, "case_order": list(models)}
         results["command"] = "python tools/bench_chat.py " + " ".join(sys.argv[1:])
-        # Registered in bench/common/pages.py once a full-size run is committed (the pages
-        # test wants every registered page's results in docs/benchmarks/results/).
-        data = results_path(out, PAGE)
-        data.parent.mkdir(parents=True, exist_ok=True)
-        data.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        text = render(results)
-        (out / f"{PAGE}.md").write_text(text, encoding="utf-8")
+        text = write_page(out, PAGE, results).read_text(encoding="utf-8")
         click.echo(json.dumps(results, indent=1) if as_json else text)
 
 

@@ -17,9 +17,8 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.common.pages import write_page_with
+from ovspec.bench.common.pages import write_page
 from ovspec.bench.common.records import DEFAULT_MODELS_DIR
-from ovspec.bench.npu.page import render
 from ovspec.bench.npu.runner import CASES, DEFAULT_CASES, PAGE, NpuCase, run_npu
 from ovspec.cli import tool_errors
 from ovspec.errors import BadRequestError
@@ -84,7 +83,7 @@ def main(
             on_progress=lambda m: click.echo(f"bench_npu: {m}", err=True),
         )
     results["command"] = shlex.join(["python", "tools/bench_npu.py", *sys.argv[1:]])
-    page = write_page_with(out, PAGE, results, render)
+    page = write_page(out, PAGE, results)
     click.echo(page.read_text(encoding="utf-8"))
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.common.pages import results_path
+from ovspec.bench.common.pages import write_page
 from ovspec.bench.common.records import DEFAULT_MODELS_DIR
-from ovspec.bench.serve.page import PLOT_NAME, plot_kv, render
+from ovspec.bench.serve.page import PLOT_NAME, plot_kv
 from ovspec.bench.serve.runner import PAGE, run_serve
 from ovspec.bench.serve.trace import TraceSpec
 from ovspec.cli import tool_errors
@@ -92,13 +92,7 @@ def main(
             on_progress=lambda m: click.echo(f"bench_serve: {m}", err=True),
         )
     results["command"] = shlex.join(["python", "tools/bench_serve.py", *sys.argv[1:]])
-    # Written here, not by pages.write_page: the page joins pages.RENDERERS (and the
-    # check that re-renders committed pages) with its first full-size results.
-    data = results_path(out, PAGE)
-    data.parent.mkdir(parents=True, exist_ok=True)
-    data.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    page = out / f"{PAGE}.md"
-    page.write_text(render(results), encoding="utf-8")
+    page = write_page(out, PAGE, results)
     plot_kv(results, out / PLOT_NAME)
     if as_json:
         click.echo(json.dumps(results))
