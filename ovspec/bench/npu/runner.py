@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ovspec.bench.speed.runner import SpeedConfig, npu_context_properties, run_speed
+from ovspec.bench.speed.runner import (
+    SpeedConfig,
+    cases_document,
+    npu_context_properties,
+    prefixed,
+    run_speed,
+)
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
@@ -89,18 +95,8 @@ def run_npu(
             prefill_chunk_tokens=prefill_chunk_tokens,
         )
         say(f"case {case.name}: {', '.join(arms)}, {repetitions} repetitions")
-        results = run_speed(config, properties, _prefixed(say, case.name))
+        results = run_speed(config, properties, prefixed(say, case.name))
         results["config"]["prompt_text"] = "random ids"
         results["config"]["genai_context"] = npu_context_properties(case.prompt_tokens, ladder)
         out[case.name] = results
-    return {
-        "format": RESULTS_FORMAT,
-        "cases": out,
-        "case_order": list(out),  # the saved document sorts mapping keys
-        "wall_s": time.perf_counter() - began,
-        "properties": dict(properties),
-    }
-
-
-def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
-    return lambda message: say(f"{prefix}: {message}")
+    return cases_document(out, began, properties, format=RESULTS_FORMAT)

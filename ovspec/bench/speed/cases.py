@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from ovspec.bench.common.models import real_text_prompt, smollm2_gguf
-from ovspec.bench.speed.runner import DEFAULT_LADDER, SpeedConfig, materialize, run_speed
+from ovspec.bench.speed.runner import (
+    DEFAULT_LADDER,
+    SpeedConfig,
+    cases_document,
+    materialize,
+    prefixed,
+    run_speed,
+)
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
@@ -88,18 +95,8 @@ def run_cases(
             against=against,
         )
         say(f"case {case.name}: {', '.join(arms)}, {repetitions} repetitions")
-        results = run_speed(config, properties, _prefixed(say, case.name))
+        results = run_speed(config, properties, prefixed(say, case.name))
         results["config"]["model"] = case.model if case.gguf else model
         results["config"]["prompt_text"] = "real" if prompt else "random ids"
         out[case.name] = results
-    return {
-        "format": RESULTS_FORMAT,
-        "cases": out,
-        "case_order": list(out),  # the saved document sorts mapping keys
-        "wall_s": time.perf_counter() - began,
-        "properties": dict(properties),
-    }
-
-
-def _prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
-    return lambda message: say(f"{prefix}: {message}")
+    return cases_document(out, began, properties, format=RESULTS_FORMAT)

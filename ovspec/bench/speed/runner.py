@@ -362,3 +362,21 @@ def _plain(value: Any) -> Any:
     from dataclasses import asdict, is_dataclass
 
     return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+
+
+def prefixed(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    """``say`` with every message prefixed (a case's name, say)."""
+    return lambda message: say(f"{prefix}: {message}")
+
+
+def cases_document(
+    cases: dict[str, Any], began_s: float, properties: Mapping[str, str], **extra: Any
+) -> dict[str, Any]:
+    """A results document holding several cases' speed runs, in the order they ran."""
+    return {
+        **extra,
+        "cases": cases,
+        "case_order": list(cases),  # the saved document sorts mapping keys
+        "wall_s": time.perf_counter() - began_s,
+        "properties": dict(properties),
+    }
