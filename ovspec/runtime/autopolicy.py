@@ -15,10 +15,15 @@ from typing import Any
 
 from ovspec.errors import BadRequestError, arg
 from ovspec.ladder import Ladder
+from ovspec.runtime.buildlanes import BuildLanes
+from ovspec.runtime.buildlanes import Lanes as Lanes  # re-exported: callers import it here
 from ovspec.runtime.plan import BoundaryPlan, RungCosts, rungs_needed
 
 # Predictions this close to the fastest (relative + seconds) tie: more rungs, later starts win.
 TIE_RELATIVE, TIE_S = 0.005, 0.005
+# The plan prices builds this many times and steps 1/this as long as known: a boundary it
+# gives slack survives the drift a re-plan tolerates (``replanning.DRIFT_RATIO``).
+GUARD_RATIO = 1.25
 MAX_SUBSET_RUNGS = 10  # past this many optional rungs: only single skips and bigger starts
 
 
@@ -39,28 +44,6 @@ class Start:
         if self.trigger is Trigger.ENTER:
             return f"on entering {self.at_capacity_tokens}"
         return "up front" if self.trigger is Trigger.UPFRONT else "during the prefill"
-
-
-@dataclass(frozen=True)
-class Lanes:
-    """How many builds run at once: before the prompt nothing decodes, so builds may use
-    every core (``foreground``); while decoding, ``background`` at most (under the
-    device/host split the host builds one blob at a time: 1)."""
-
-    foreground: int = 1
-    background: int = 1
-
-    def __post_init__(self) -> None:
-        if self.foreground < 1 or self.background < 1:
-            raise BadRequestError(f"build lanes must be at least 1, got {self}")
-
-    @classmethod
-    def for_cores(cls, usable_cores: int, split: bool) -> Lanes:
-        """Split: one host build at a time. Shared cores: every core before the prompt
-        (a compile keeps about one busy), all but the decode's while decoding."""
-        if split:
-            return cls(1, 1)
-        return cls(max(1, min(2, usable_cores)), max(1, usable_cores - 1))
 
 
 @dataclass(frozen=True)
@@ -273,19 +256,6 @@ class Timeline:
         }
 
 
-class BuildLanes:
-    """Build lanes as the times each is next free; a build takes the earliest."""
-
-    def __init__(self, free_s: Sequence[float]) -> None:
-        self.free_s = list(free_s)
-
-    def run(self, release_s: float, seconds: float) -> tuple[float, float]:
-        lane = min(range(len(self.free_s)), key=lambda i: self.free_s[i])
-        start_s = max(release_s, self.free_s[lane])
-        self.free_s[lane] = start_s + seconds
-        return start_s, start_s + seconds
-
-
 def window_tokens(rungs: Sequence[int], index: int, from_tokens: int, end_tokens: int) -> int:
     low = max(from_tokens, rungs[index - 1] if index > 0 else 0)
     high = rungs[index] if index < len(rungs) - 1 else end_tokens
@@ -435,9 +405,14 @@ def fixed_policies(
     }
 
 
-def choose(ladder: Ladder, request: Request, costs: AutoCosts, lanes: Lanes) -> Decision:
-    """The fastest predicted schedule for ``request`` over the rungs it can reach; ties
-    (within ``TIE_RELATIVE``/``TIE_S``) go to more rungs, later starts, fewer lanes."""
+def choose(
+    ladder: Ladder, request: Request, known: AutoCosts, lanes: Lanes, guard: float = GUARD_RATIO
+) -> Decision:
+    """The fastest predicted schedule for ``request`` over the rungs it can reach, every
+    candidate priced with builds ``guard`` times and steps 1/``guard`` as long as
+    ``known`` (a thin slack is a predicted wait); ties (within ``TIE_RELATIVE``/``TIE_S``)
+    go to more rungs, later starts, fewer lanes."""
+    costs = known.scaled(guard, 1 / guard)
     reachable = reachable_rungs(ladder, request)
     unknown = [r for r in reachable if not costs.knows(r)]
     if unknown:
@@ -457,12 +432,16 @@ def choose(ladder: Ladder, request: Request, costs: AutoCosts, lanes: Lanes) -> 
     chosen = min(tied, key=lambda t: (_lateness(t.schedule), t.finished_s))
     fixed = fixed_policies(reachable, costs, request, lanes)
     return Decision(
-        request, chosen, fixed, explain(chosen, fixed, reachable, costs), len(timelines)
+        request, chosen, fixed, explain(chosen, fixed, reachable, costs, guard), len(timelines)
     )
 
 
 def explain(
-    chosen: Timeline, fixed: Mapping[str, Timeline], reachable: Sequence[int], costs: AutoCosts
+    chosen: Timeline,
+    fixed: Mapping[str, Timeline],
+    reachable: Sequence[int],
+    costs: AutoCosts,
+    guard: float = GUARD_RATIO,
 ) -> tuple[str, ...]:
     """Why, in a line per decision: skipped rungs, a bigger start, when builds start,
     lanes, and the prediction against the best fixed policy."""
@@ -493,6 +472,10 @@ def explain(
     if schedule.lanes > 1:
         out.append(f"{schedule.lanes} builds at once: later rungs' builds overlap")
     name, best = min(fixed.items(), key=lambda kv: kv[1].finished_s)
+    out.append(
+        f"guarded: builds priced at {guard:g}x and steps at 1/{guard:g} of the known costs "
+        f"(the drift a re-plan tolerates), so a thinner slack counts as a wait"
+    )
     out.append(
         f"predicted last token {chosen.finished_s:.2f} s against {best.finished_s:.2f} s for "
         f"the best fixed policy ({name})"

@@ -10,18 +10,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ovspec.runtime.autopolicy import (
+    GUARD_RATIO,
     TIE_RELATIVE,
     TIE_S,
     AutoCosts,
-    BuildLanes,
     Request,
     Schedule,
     slowed,
     window_tokens,
 )
+from ovspec.runtime.buildlanes import BuildLanes
 
-# A measured build or decode this far from the plan's (ratio) triggers a re-plan.
-DRIFT_RATIO = 1.25
+# A measured build or decode this far from the plan's (ratio) triggers a re-plan; below
+# it the plan's guard covers the drift.
+DRIFT_RATIO = GUARD_RATIO
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ def test_starts_bigger_when_the_prompt_rung_window_is_too_short() -> None:
         Request(1000, 8 * K - 1000),
         costs(
             {K: 5.0, 2 * K: 5.0, 8 * K: 2.0},
-            {K: 0.001, 2 * K: 0.0011, 8 * K: 0.01},
+            {K: 0.001, 2 * K: 0.0011, 8 * K: 0.012},
             prefill_ready=5.0,
         ),
         SERIAL,
@@ -79,13 +79,13 @@ def test_starts_bigger_when_the_prompt_rung_window_is_too_short() -> None:
 
 
 def two_ahead_case() -> tuple[Ladder, Request, AutoCosts]:
-    # 1100's window is 76 tokens (0.76 s): the 5 s build of 4K hides only if it is
-    # queued with 1100's, on entering 1K (10 s window).
+    # 1100's window is 76 tokens (1.5 s): the 5 s build of 4K hides only if it is
+    # queued with 1100's, on entering 1K (20 s window; 16 s guarded, against 11.25 s).
     ladder = Ladder((K, 1100, 4 * K))
     return (
         ladder,
         Request(16, 4 * K - 16),
-        costs({K: 1.0, 1100: 4.0, 4 * K: 5.0}, {K: 0.01, 1100: 0.01, 4 * K: 0.02}),
+        costs({K: 1.0, 1100: 4.0, 4 * K: 5.0}, {K: 0.02, 1100: 0.02, 4 * K: 0.02}),
     )
 
 
@@ -168,6 +168,27 @@ def test_refuses_a_rung_with_no_cost() -> None:
         choose(ladder, Request(16, 2000), costs({K: 1.0}, {K: 0.01, 2 * K: 0.01}), SERIAL)
 
 
+def thin_slack_case() -> tuple[Ladder, Request, AutoCosts]:
+    # One ahead hides 2K's 1 s build in 1K's 1.05 s window (525 tokens, slack +0.05 s);
+    # B0 decodes them on 2K at a 2% slower step (+0.02 s) and builds nothing behind.
+    ladder = Ladder((K, 2 * K))
+    known = costs({K: 1.0, 2 * K: 1.0}, {K: 0.002, 2 * K: 0.00204})
+    return ladder, Request(K - 525, K + 525), known
+
+
+def test_a_thin_slack_counts_as_a_wait() -> None:
+    # The sweep's unpredicted waits: a plan that leans on +0.02 s of slack waits when the
+    # build runs a little slow or the window a little fast. Guarded, the plan predicts that
+    # wait and takes the schedule whose slack does not depend on it.
+    ladder, request, known = thin_slack_case()
+    unguarded = choose(ladder, request, known, SERIAL, guard=1.0)
+    assert unguarded.schedule.rungs == (K, 2 * K)  # the edge the guard is for
+    assert unguarded.chosen.boundaries[0].slack_s == pytest.approx(0.05, abs=1e-6)
+    decision = choose(ladder, request, known, SERIAL)
+    assert decision.schedule.rungs == (2 * K,)
+    assert decision.fixed["I2"].boundaries[0].wait_s > 0.2  # the wait it now predicts
+
+
 DRIFT_LADDER = Ladder((K, 2 * K, 2 * K + 110, 4 * K))
 
 
@@ -179,7 +200,7 @@ def drift_case() -> tuple[AutoCosts, Request]:
 
 def test_replans_when_builds_run_slower_than_planned() -> None:
     known, request = drift_case()
-    decision = choose(DRIFT_LADDER, request, known, SERIAL)
+    decision = choose(DRIFT_LADDER, request, known, SERIAL, guard=1.0)  # no guard: the edge
     assert decision.schedule.name == "one ahead"
     # 2K took 3 s instead of 1: 4K's build would no longer hide in 2K+110's window.
     slow = Observed(ready_s={2 * K: 3.0})
@@ -229,7 +250,8 @@ def test_plan_prints_auto_schedule_and_why() -> None:
     text = CliRunner().invoke(cli, flags)
     assert text.exit_code == 0, text.output
     assert "auto: one rung on rungs 128" in text.output
-    assert "skips 64: its build (0.50 s) does not hide" in text.output
+    assert "skips 64: its build (0.62 s) does not hide" in text.output  # 0.5 s guarded
+    assert "guarded: builds priced at 1.25x" in text.output
     document = CliRunner().invoke(cli, [*flags, "--json"])
     auto = json.loads(document.output)["auto"]
     assert auto["schedule"]["rungs"] == [128]

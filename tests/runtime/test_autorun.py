@@ -129,10 +129,11 @@ class SlowBuilds(FakeCompiler):
 
 
 def test_replans_when_a_build_drifts() -> None:
-    # One ahead hides 1 s builds (72's window: 8 tokens, 1.1 s); 64 takes 3 s instead.
+    # One ahead hides 0.6 s builds, guarded too (72's window: 8 tokens, 1.1 s, against
+    # 0.75 s); 64 takes 3 s instead.
     ladder = Ladder((32, 64, 72, 128))
     costs = AutoCosts(
-        dict.fromkeys(ladder, 1.0), dict.fromkeys(ladder, 0.1375), {32: 1.0}, {32: 0.1}
+        dict.fromkeys(ladder, 0.6), dict.fromkeys(ladder, 0.1375), {32: 1.0}, {32: 0.1}
     )
     clock = Clock()
     fake = SlowBuilds(clock, {64: 3.0})
