@@ -2,12 +2,15 @@
 schedule, runs it (the rungs it keeps, up-front builds, builds queued as the prompt
 starts or on entering a rung, the worker's lanes), re-plans when measured builds or
 steps drift, cancels what an early end abandons, and keeps the prediction beside what
-happened (its events and ``decision``).
+happened (its events and ``decision``). Without given costs it plans from the store's
+history, and records each request's step times there for the next.
 """
 
 from __future__ import annotations
 
 import itertools
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +28,12 @@ from ovspec.runtime.autopolicy import (
     choose,
     reachable_rungs,
 )
+from ovspec.runtime.costs import history
 from ovspec.runtime.loader import EventKind, Loader, Policy
 from ovspec.runtime.replanning import Observed, abandoned, replan
+from ovspec.runtime.session import StepRecord
 from ovspec.runtime.worker import Worker
+from ovspec.store.steptimes import record_step_times
 
 
 @dataclass
@@ -68,7 +74,7 @@ class AutoLoader(Loader):
         reachable = reachable_rungs(self.ladder, request)
         try:
             if self.costs is None:
-                raise BadRequestError("auto has no costs (give Tuning(auto_costs=...))")
+                self.costs = self._stored_costs(reachable)
             self.decision = choose(self.ladder, request, self.costs, self.lanes)
             self.schedule = self.decision.schedule
             note = "; ".join(self.decision.reasons)
@@ -84,9 +90,23 @@ class AutoLoader(Loader):
             self._worker = Worker(self.worker_cores, self.schedule.lanes)
         return self.schedule.ladder
 
-    def end_request(self, reached_capacity_tokens: int) -> None:
+    def _stored_costs(self, reachable: tuple[int, ...]) -> AutoCosts:
+        """The store's history: builds, imports and step times of past runs; a clear
+        error (then one ahead) when a reachable rung lacks one."""
+        known = history(self._compiler, self.ladder, reachable, self.prefill_chunk_tokens or 1)
+        missing = [r for r in reachable if r not in known.steps]
+        if missing:
+            raise BadRequestError(
+                f"the store has no decode step time for rung {', '.join(map(str, missing))} "
+                f"yet (a run on it records one)"
+            )
+        return known.auto_costs(reachable[0])
+
+    def end_request(self, reached_capacity_tokens: int, steps: Sequence[StepRecord] = ()) -> None:
         """The request ended on ``reached_capacity_tokens``: cancel the queued builds of
-        rungs past it that have not started (a started one finishes into the store)."""
+        rungs past it that have not started (a started one finishes into the store), and
+        record each rung's decode seconds per token (``steps``) and import in the store."""
+        self._record_step_times(steps)
         if self.schedule is None:
             return
         with self._lock:
@@ -102,6 +122,21 @@ class AutoLoader(Loader):
                     cancelled = False
             if cancelled:
                 self._record(EventKind.RELEASED, spec, False, note="cancelled: the request ended")
+
+    def _record_step_times(self, steps: Sequence[StepRecord]) -> None:
+        by_rung: dict[int, list[float]] = {}
+        for step in steps:
+            if not step.prefill:
+                by_rung.setdefault(step.capacity_tokens, []).append(step.infer_s)
+        runs = {}
+        for rung, seconds in by_rung.items():
+            spec = Specialization.decode(rung)
+            program = self.program(spec)
+            import_s = program.import_s if program is not None else 0.0
+            # The mean: a window's time is the sum of its steps.
+            runs[self._compiler.key(spec).hex] = (spec.label, statistics.fmean(seconds), import_s)
+        if runs:
+            record_step_times(self._compiler.store.root, runs)
 
     def _start(self, first_capacity_tokens: int) -> None:
         schedule = self.schedule or ahead((first_capacity_tokens,), 1)

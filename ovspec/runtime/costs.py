@@ -2,9 +2,10 @@
 
 ``history`` reads the recorded build of each rung from the compiler's store (no
 lookups, so the store's counters stay as they are), or from its remote tier's
-manifests, and models a fetch (bytes / the fetch bandwidth the store measured) for
-each rung the remote holds; ``measure`` makes each rung ready through a loader (a
-fetch where the remote has it) and times a short decode on it.
+manifests, with the decode step and import times past runs recorded beside the store
+(``store.steptimes``), and models a fetch (bytes / the fetch bandwidth the store
+measured) for each rung the remote holds; ``measure`` makes each rung ready through a
+loader (a fetch where the remote has it) and times a short decode on it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ovspec.errors import BadRequestError, arg
 from ovspec.ladder import Ladder
+from ovspec.runtime.autopolicy import AutoCosts
 from ovspec.runtime.plan import RungCosts
+from ovspec.store.steptimes import StepTimes, read_step_times
 
 if TYPE_CHECKING:
     from ovspec.compile.compiler import Compiler
@@ -95,6 +98,28 @@ class History:
     prefill: RecordedCompile | None  # the first rung's prefill graph, if built
     # Bytes per second of the store's past fetches from its remote (None: none yet).
     fetch_bytes_per_s: float | None = None
+    steps: Mapping[int, StepTimes] = field(default_factory=dict)  # rung -> its past runs
+
+    def decode_s_per_token(self) -> dict[int, float]:
+        """The recorded decode seconds per token of each rung past runs decoded on."""
+        return {rung: times.decode_s_per_token for rung, times in self.steps.items()}
+
+    def auto_costs(self, prompt_rung: int) -> AutoCosts:
+        """What ``auto`` plans from: each rung's build + recorded import (a fetch +
+        import where the remote holds it and a rate is known) and recorded step time;
+        the prompt rung's prefill graph when built (its prompt run is not recorded: the
+        same for every schedule that starts there)."""
+        fetch = self.fetch_s()
+        ready = {
+            r: fetch.get(r, rec.build_s) + (self.steps[r].import_s if r in self.steps else 0.0)
+            for r, rec in self.decode.items()
+        }
+        prefill = self.prefill_ready_s()
+        return AutoCosts(
+            ready_s=ready,
+            decode_s_per_token=self.decode_s_per_token(),
+            prefill_ready_s={prompt_rung: prefill} if prefill is not None else {},
+        )
 
     def compile_s(self) -> dict[int, float]:
         """Build seconds (compile + export) per rung; import is not in the history."""
@@ -138,12 +163,19 @@ def history(
             f"{arg('measure')})"
         )
     tier = compiler.store.tier
+    recorded = read_step_times(compiler.store.root)
+    steps = {
+        s.capacity_tokens: recorded[compiler.key(s).hex]
+        for s in decode_specs
+        if compiler.key(s).hex in recorded
+    }
     return History(
         decode={s.capacity_tokens: found[s] for s in decode_specs if s in found},
         prefill=found.get(prefill_spec),
         fetch_bytes_per_s=(
             compiler.store.stats().remote.fetch_bytes_per_s if tier is not None else None
         ),
+        steps=steps,
     )
 
 

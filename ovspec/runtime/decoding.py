@@ -265,7 +265,7 @@ def decode(
             kv.close()
     rungs = [first] + [b.migration.to_capacity_tokens for b in session.boundaries]
     if isinstance(loader, AutoLoader):
-        loader.end_request(rungs[-1])
+        loader.end_request(rungs[-1], session.steps)
     return DecodeResult(
         prompt_tokens=len(prompt_ids),
         token_ids=run.token_ids,

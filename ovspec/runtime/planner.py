@@ -64,8 +64,8 @@ class PlanRequest:
 
     @property
     def measures(self) -> bool:
-        """Whether decode steps are timed: asked for, or no decode rate was given (the
-        store's history records compiles, not decode steps)."""
+        """Whether decode steps may be timed: asked for, or no decode rate was given
+        (then the store's recorded step times serve if it has every rung's)."""
         return self.measure or self.decode_ms is None
 
     @property
@@ -240,10 +240,43 @@ def _store_costs(
     model_dir = resolve_model(request.model, store.models_folder)
     gathered.model = str(model_dir.root)
     request.ladder.check_fits(model_dir.max_position_embeddings)
-    if request.measures:
+    if request.measure:
         _measured_costs(request, store, rungs, gathered, on_progress)
-    else:
+    elif request.decode_ms is not None:
         _history_costs(request, store, model_dir, rungs, gathered)
+    elif not _recorded(request, store, model_dir, rungs, gathered):
+        _measured_costs(request, store, rungs, gathered, on_progress)
+
+
+def _recorded(
+    request: PlanRequest,
+    store: Store,
+    model_dir: ModelDir,
+    rungs: tuple[int, ...],
+    gathered: _Gathered,
+) -> bool:
+    """Whether the store's history has everything a plan needs, the decode step times
+    past runs recorded included; if so ``gathered`` holds it, else it is unchanged."""
+    trial = _Gathered(
+        gathered.compile_s, None, dict(gathered.sources), {r: {} for r in request.ladder}
+    )
+    try:
+        _history_costs(request, store, model_dir, rungs, trial)
+    except BadRequestError:
+        return False
+    if trial.decode_s is None:
+        return False
+    for name in (
+        "compile_s",
+        "decode_s",
+        "sources",
+        "details",
+        "fetch_s",
+        "prefill_compile_s",
+        "prefill_note",
+    ):
+        setattr(gathered, name, getattr(trial, name))
+    return True
 
 
 def _measured_costs(
@@ -342,8 +375,19 @@ def _history_costs(
         recorded = history(compiler, request.ladder, rungs, request.chunk_tokens)
     finally:
         compiler.close()
-    gathered.compile_s = recorded.compile_s()
+    if gathered.compile_s is None:
+        gathered.compile_s = recorded.compile_s()
     gathered.fetch_s = recorded.fetch_s()
+    steps = recorded.steps
+    if gathered.decode_s is None and all(r in steps for r in rungs):
+        gathered.decode_s = recorded.decode_s_per_token()
+        runs = min(steps[r].runs for r in rungs)
+        gathered.sources["decode"] = (
+            f"store history: decode seconds per token recorded by past runs (median of "
+            f"the last {runs} or more per rung)"
+        )
+        for r in rungs:
+            gathered.details[r]["recorded_decode_s_per_token"] = steps[r].decode_s_per_token
     for r, record in recorded.decode.items():
         gathered.details[r]["history"] = {
             "key": record.key_hex,

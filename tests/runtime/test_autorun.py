@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_loader import FakeCompiler
@@ -17,6 +19,7 @@ from ovspec.ladder import Ladder
 from ovspec.runtime.autopolicy import AutoCosts, Lanes
 from ovspec.runtime.autorun import AutoLoader
 from ovspec.runtime.loader import EventKind
+from ovspec.store import Store
 
 TWO_AHEAD = Ladder((32, 40, 128))
 # 40's window (8 tokens, 2.9 s) hides no 5 s build of 128: it must start on entering 32.
@@ -75,12 +78,23 @@ def test_skipped_rungs_are_not_in_the_request_ladder() -> None:
         assert 64 not in ladder and ladder.top_tokens == 256
 
 
-def test_without_costs_it_runs_one_ahead_and_says_why() -> None:
-    fake = FakeCompiler()
+class EmptyStore(FakeCompiler):
+    """A compiler whose store has no history yet."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.store = Store(root)
+
+    def key(self, spec: Specialization) -> SimpleNamespace:
+        return SimpleNamespace(hex=spec.label.replace("@", "-"), components=())
+
+
+def test_without_costs_it_runs_one_ahead_and_says_why(tmp_path: Path) -> None:
+    fake = EmptyStore(tmp_path / "store")
     with auto_loader(fake, TWO_AHEAD, None) as loader:
         loader.begin_request(4, 124, may_stop_early=False)
         note = next(e.note for e in loader.events if e.kind is EventKind.PLANNED)
-        assert note.startswith("one ahead: auto has no costs")
+        assert note.startswith("one ahead: no compile history for decode@32")
         loader.start(32)
         loader.get(32)
         wait_until(lambda: loaded(loader, 40), "40")
