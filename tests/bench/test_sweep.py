@@ -108,3 +108,42 @@ def test_auto_verdicts_follow_the_interval_bound(tiny_sweep: dict[str, Any]) -> 
     faster = auto_verdict(with_auto(0.90, 0.003))
     assert slower is not None and not slower.not_worse
     assert faster is not None and faster.not_worse
+
+
+def test_the_half_fraction_meets_every_pair_of_levels_once() -> None:
+    ladders = parse_ladders(["doubling=128,256,512", "fine=128,256,384,512"])
+    grid = SweepGrid(("small", "kv-heavy"), ladders, ("none", "int4"), 64, 5, half_fraction=True)
+    cells = [(p, name, c) for p, name, _, c in grid.cells()]
+    assert len(cells) == 4
+    for i, j in ((0, 1), (0, 2), (1, 2)):  # each pair of factors: all 4 level pairs, once
+        assert len({(cell[i], cell[j]) for cell in cells}) == 4
+    assert ("small", "doubling", "none") in cells
+
+
+def committed_like(wall_s: float) -> dict[str, Any]:
+    # One cell, one run per arm: critical paths 10 s (I1: 12 s), 2 s of it past rung 256.
+    def run(protocol: str, path_s: float) -> dict[str, Any]:
+        bands = [{"low_tokens": 0, "infer_s": 1.0}, {"low_tokens": 256, "infer_s": 2.0}]
+        return {"protocol": protocol, "critical_path_s": path_s, "bands": bands}
+
+    runs = [run(p, 12.0 if p == "I1" else 10.0) for p in ("B0", "I1", "I2", "auto")]
+    cell = {"preset": "tiny", "ladder_name": "d", "ladder": [128, 256, 512]}
+    return {
+        "wall_s": wall_s,
+        "cells": [{**cell, "compression": "none", "runs": runs, "calibration": {}}],
+    }
+
+
+def test_the_estimate_adds_each_runs_overhead_and_drops_the_bands_past_the_top() -> None:
+    from ovspec.bench.sweep.estimate import estimate, run_overhead_s
+
+    # 4 runs (42 s of paths) and auto's calibration (an I1 run, 12 s), 2 s each beyond
+    document = committed_like(wall_s=42.0 + 12.0 + 5 * 2.0)
+    document["cells"][0]["calibration"] = {"ready_s": {}}
+    assert run_overhead_s(document) == pytest.approx(2.0)
+    grid = SweepGrid(("tiny",), parse_ladders(["d=128,256"]), ("none",), 64, 3)
+    (cell,) = estimate(document, grid)
+    # per repetition: 3 arms of 8 s and I1's 10 s, each + 2 s; auto's calibration once more
+    assert cell.seconds == pytest.approx(3 * (3 * 10.0 + 12.0) + 12.0)
+    other = SweepGrid(("small",), parse_ladders(["d=128,256"]), ("none",), 64, 3)
+    assert estimate(document, other)[0].seconds is None

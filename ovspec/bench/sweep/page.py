@@ -193,8 +193,8 @@ def render(document: Mapping[str, Any]) -> str:
         "```",
         "",
         f"- {compared}, N = "
-        f"{document['repetitions']} pairs per cell in alternating order, a fresh process and "
-        f"a cold store per run, a {prompt}-token prompt then teacher-forced tokens to the top "
+        f"{document['repetitions']} pairs per cell in rotated (Williams) order, a fresh process "
+        f"and a cold store per run, a {prompt}-token prompt then teacher-forced tokens to the top "
         f"rung; {cores}; load mode import; properties "
         + ", ".join(f"`{k}={v}`" for k, v in sorted(document["properties"].items()))
         + ".",

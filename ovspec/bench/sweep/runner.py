@@ -37,6 +37,9 @@ class SweepGrid:
     repetitions: int
     extra_cells: tuple[Cell, ...] = ()  # beyond the product, e.g. a real model on one ladder
     protocols: tuple[Protocol, ...] = SWEEP_PROTOCOLS
+    # The half fraction: of the product, the cells whose preset, ladder and compression
+    # indices sum to an even number (2 x 2 x 2: 4 cells, every pair of factors' levels once).
+    half_fraction: bool = False
 
     def __post_init__(self) -> None:
         if not (self.presets and self.ladders and self.compressions):
@@ -50,11 +53,13 @@ class SweepGrid:
                 )
 
     def cells(self) -> list[Cell]:
+        indices = itertools.product(
+            range(len(self.presets)), range(len(self.ladders)), range(len(self.compressions))
+        )
         return [
-            (preset, name, ladder, compression)
-            for preset, (name, ladder), compression in itertools.product(
-                self.presets, self.ladders, self.compressions
-            )
+            (self.presets[p], *self.ladders[lad], self.compressions[c])
+            for p, lad, c in indices
+            if not self.half_fraction or (p + lad + c) % 2 == 0
         ] + list(self.extra_cells)
 
 
