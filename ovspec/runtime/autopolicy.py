@@ -6,7 +6,6 @@ no clock; ``autorun.AutoLoader`` executes the ``Schedule``.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,13 +17,13 @@ from ovspec.ladder import Ladder
 from ovspec.runtime.buildlanes import BuildLanes
 from ovspec.runtime.buildlanes import Lanes as Lanes  # re-exported: callers import it here
 from ovspec.runtime.plan import BoundaryPlan, RungCosts, rungs_needed
+from ovspec.runtime.subladders import sub_ladders, window_tokens
 
 # Predictions this close to the fastest (relative + seconds) tie: more rungs, later starts win.
 TIE_RELATIVE, TIE_S = 0.005, 0.005
 # The plan prices builds this many times and steps 1/this as long as known: a boundary it
 # gives slack survives the drift a re-plan tolerates (``replanning.DRIFT_RATIO``).
 GUARD_RATIO = 1.25
-MAX_SUBSET_RUNGS = 10  # past this many optional rungs: only single skips and bigger starts
 
 
 class Trigger(Enum):
@@ -256,12 +255,6 @@ class Timeline:
         }
 
 
-def window_tokens(rungs: Sequence[int], index: int, from_tokens: int, end_tokens: int) -> int:
-    low = max(from_tokens, rungs[index - 1] if index > 0 else 0)
-    high = rungs[index] if index < len(rungs) - 1 else end_tokens
-    return max(0, high - low)
-
-
 def simulate(schedule: Schedule, costs: AutoCosts, request: Request, lanes: Lanes) -> Timeline:
     """The loader's run of ``schedule``: the prompt rung's prefill graph, its decode graph
     and the up-front rungs on the foreground lanes; the prompt once the prefill graph
@@ -364,20 +357,6 @@ class Decision:
         }
 
 
-def _sub_ladders(reachable: Sequence[int]) -> list[tuple[int, ...]]:
-    """Every sub-ladder ending on the last reachable rung (all subsets of the others; past
-    ``MAX_SUBSET_RUNGS`` optional rungs: a bigger start and single skips)."""
-    optional, last = list(reachable[:-1]), reachable[-1]
-    if len(optional) <= MAX_SUBSET_RUNGS:
-        subsets = itertools.chain.from_iterable(
-            itertools.combinations(optional, n) for n in range(len(optional) + 1)
-        )
-        return [(*s, last) for s in subsets]
-    out = {(*optional[k:], last) for k in range(len(optional) + 1)}
-    out |= {(*(r for r in optional if r != skip), last) for skip in optional}
-    return sorted(out)
-
-
 def _timings(rungs: tuple[int, ...], lanes: int, may_stop_early: bool) -> list[Schedule]:
     if len(rungs) == 1:
         return [Schedule(rungs, {}, 1, "one rung")]
@@ -386,6 +365,22 @@ def _timings(rungs: tuple[int, ...], lanes: int, may_stop_early: bool) -> list[S
     if not may_stop_early:  # up-front work is lost if the request stops on its first rung
         out.append(all_at(rungs, Trigger.UPFRONT, lanes))
     return out
+
+
+def _bound_s(rungs: tuple[int, ...], costs: AutoCosts, request: Request, lanes: Lanes) -> float:
+    """No schedule on ``rungs`` ends sooner: its first rung's graphs built side by side,
+    the prompt, then every window's steps with no wait and no slowdown; nor before every
+    build, spread over the most lanes, is done and the last window decoded."""
+    first = rungs[0]
+    ready = max(costs.prefill_ready(first) + costs.prefill_run(first), costs.ready_s[first])
+    windows = [
+        window_tokens(rungs, i, request.prompt_tokens, request.reachable_tokens)
+        * costs.decode_s_per_token[r]
+        for i, r in enumerate(rungs)
+    ]
+    builds = costs.prefill_ready(first) + sum(costs.ready_s[r] for r in rungs)
+    most = max(lanes.foreground, lanes.background)
+    return max(ready + sum(windows), builds / most + windows[-1])
 
 
 def _lateness(schedule: Schedule) -> tuple[int, int, int]:
@@ -420,14 +415,20 @@ def choose(
             f"auto has no cost for rung {', '.join(map(str, unknown))}; build the ladder "
             f"(ovspec build), run `ovspec plan --measure`, or give {arg('policy', 'one_ahead')}"
         )
-    timelines = [
-        simulate(schedule, costs, request, lanes)
-        for rungs in _sub_ladders(reachable)
-        for n in range(1, lanes.background + 1)
-        for schedule in _timings(rungs, n, request.may_stop_early)
-        if n == 1 or len(rungs) > 2  # a second lane needs two builds to overlap
-    ]
-    best_s = min(t.finished_s for t in timelines)
+    timelines: list[Timeline] = []
+    best_s = math.inf
+    # Fastest bound first, and a sub-ladder whose bound cannot tie the best is not simulated.
+    for bound_s, rungs in sorted(
+        (_bound_s(r, costs, request, lanes), r) for r in sub_ladders(reachable)
+    ):
+        if bound_s > best_s * (1 + TIE_RELATIVE) + TIE_S:
+            break
+        for n in range(1, lanes.background + 1):
+            if n > 1 and len(rungs) <= 2:  # a second lane needs two builds to overlap
+                continue
+            for schedule in _timings(rungs, n, request.may_stop_early):
+                timelines.append(simulate(schedule, costs, request, lanes))
+                best_s = min(best_s, timelines[-1].finished_s)
     tied = [t for t in timelines if t.finished_s <= best_s * (1 + TIE_RELATIVE) + TIE_S]
     chosen = min(tied, key=lambda t: (_lateness(t.schedule), t.finished_s))
     fixed = fixed_policies(reachable, costs, request, lanes)

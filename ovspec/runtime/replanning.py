@@ -17,9 +17,9 @@ from ovspec.runtime.autopolicy import (
     Request,
     Schedule,
     slowed,
-    window_tokens,
 )
 from ovspec.runtime.buildlanes import BuildLanes
+from ovspec.runtime.subladders import window_tokens
 
 # A measured build or decode this far from the plan's (ratio) triggers a re-plan; below
 # it the plan's guard covers the drift.

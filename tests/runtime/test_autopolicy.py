@@ -257,3 +257,48 @@ def test_plan_prints_auto_schedule_and_why() -> None:
     assert auto["schedule"]["rungs"] == [128]
     assert auto["best_fixed"] == "B0" and auto["predicted_gain_s"] >= 0
     assert any(r.startswith("starts on 128 instead of 32") for r in auto["reasons"])
+
+
+def exhaustive_best_s(ladder: Ladder, request: Request, known: AutoCosts) -> tuple[float, int]:
+    """Every candidate simulated (no bound): the fastest finish, and how many there are."""
+    from ovspec.runtime.autopolicy import GUARD_RATIO, _timings, reachable_rungs
+    from ovspec.runtime.subladders import sub_ladders
+
+    guarded = known.scaled(GUARD_RATIO, 1 / GUARD_RATIO)
+    finishes = [
+        simulate(schedule, guarded, request, SERIAL).finished_s
+        for rungs in sub_ladders(reachable_rungs(ladder, request))
+        for schedule in _timings(rungs, 1, request.may_stop_early)
+    ]
+    return min(finishes), len(finishes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.05, 8.0), min_size=5, max_size=5),
+    st.lists(st.floats(0.0005, 0.02), min_size=5, max_size=5),
+    st.integers(1, 900),
+)
+def test_the_bound_skips_only_candidates_that_cannot_win(
+    ready: list[float], decode: list[float], prompt: int
+) -> None:
+    ladder = Ladder((K, 2 * K, 3 * K, 4 * K, 5 * K))
+    known = costs(
+        dict(zip(ladder, ready, strict=True)), dict(zip(ladder, sorted(decode), strict=True))
+    )
+    request = Request(prompt, 5 * K - prompt)
+    decision = choose(ladder, request, known, SERIAL)
+    best_s, _ = exhaustive_best_s(ladder, request, known)
+    assert decision.chosen.finished_s <= best_s * (1 + TIE_RELATIVE) + TIE_S
+
+
+def test_the_bound_prunes_a_fine_ladder() -> None:
+    # Eight rungs of 1 s builds in 0.1 s windows: every rung kept waits; the bound stops
+    # the search after the few sub-ladders with almost no builds.
+    ladder = Ladder(tuple(K * i for i in range(1, 9)))
+    known = costs(dict.fromkeys(ladder, 1.0), dict.fromkeys(ladder, 0.0001))
+    request = Request(16, 8 * K - 16)
+    decision = choose(ladder, request, known, SERIAL)
+    best_s, every = exhaustive_best_s(ladder, request, known)
+    assert decision.chosen.finished_s == pytest.approx(best_s)
+    assert decision.candidates < every / 10
