@@ -137,13 +137,15 @@ def committed_like(wall_s: float) -> dict[str, Any]:
 def test_the_estimate_adds_each_runs_overhead_and_drops_the_bands_past_the_top() -> None:
     from ovspec.bench.sweep.estimate import estimate, run_overhead_s
 
-    # 4 runs (42 s of paths) and auto's calibration (an I1 run, 12 s), 2 s each beyond
+    # 4 runs (42 s of paths) and auto's calibration (the committed run's: I1, 12 s), 2 s
+    # each beyond
     document = committed_like(wall_s=42.0 + 12.0 + 5 * 2.0)
     document["cells"][0]["calibration"] = {"ready_s": {}}
     assert run_overhead_s(document) == pytest.approx(2.0)
     grid = SweepGrid(("tiny",), parse_ladders(["d=128,256"]), ("none",), 64, 3)
     (cell,) = estimate(document, grid)
-    # per repetition: 3 arms of 8 s and I1's 10 s, each + 2 s; auto's calibration once more
-    assert cell.seconds == pytest.approx(3 * (3 * 10.0 + 12.0) + 12.0)
+    # per repetition: 3 arms of 8 s and I1's 10 s, each + 2 s; auto's calibration (an
+    # I2 run) once more
+    assert cell.seconds == pytest.approx(3 * (3 * 10.0 + 12.0) + 10.0)
     other = SweepGrid(("small",), parse_ladders(["d=128,256"]), ("none",), 64, 3)
     assert estimate(document, other)[0].seconds is None

@@ -1,11 +1,17 @@
-"""The auto arm's costs: what one untimed I1 run measured (each graph's build + import,
+"""The auto arm's costs: what one untimed run measured (each graph's build + import,
 each rung's decode seconds per token, the prompt's run), as ``AutoCosts`` the auto runs
-of the same arm plan from, the way a machine's history would feed the policy.
+of the same arm plan from, the way a machine's history would feed the policy. The run is
+I2's when the bench has it: its builds run one at a time behind the decode, as auto's
+do; I1 builds two side by side before the prompt, which under the split share one host
+core, so each takes about twice as long.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ovspec.bench.protocols.metrics import RunFigures
+from ovspec.bench.protocols.setups import CONTROL, Protocol
 from ovspec.ladder import Ladder
 from ovspec.runtime.autopolicy import AutoCosts
 
@@ -29,3 +35,8 @@ def costs_from_run(figures: RunFigures, ladder: Ladder, prompt_tokens: int) -> A
         prefill_ready_s={prompt_rung: prefill[0]} if prefill else {},
         prefill_s={prompt_rung: figures.prefill_s},
     )
+
+
+def calibration_protocol(protocols: Sequence[Protocol]) -> Protocol:
+    """The protocol whose untimed run calibrates auto: I2 if the bench runs it, else I1."""
+    return Protocol.I2 if Protocol.I2 in protocols else CONTROL

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ovspec.bench.protocols.calibration import costs_from_run
+from ovspec.bench.protocols.calibration import calibration_protocol, costs_from_run
 from ovspec.bench.protocols.metrics import RunFigures, band_edges, median
 from ovspec.bench.protocols.setups import CONTROL, DEFAULT_PROTOCOLS, SETUPS, Protocol
 from ovspec.bench.protocols.worker import RunRequest
@@ -212,7 +212,8 @@ def run_bench(
                 store = warm_store
                 if variant == "cold":
                     store = config.work_dir / f"calibration-{label}"
-                run = _run_one(config, worker, label, -2, CONTROL, store, prompt, forced, split)
+                calibrator = calibration_protocol(config.protocols)
+                run = _run_one(config, worker, label, -2, calibrator, store, prompt, forced, split)
                 if variant == "cold":
                     shutil.rmtree(store, ignore_errors=True)
                 costs = costs_from_run(run.figures, config.ladder, config.prompt_tokens)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ovspec.bench.protocols.calibration import calibration_protocol
 from ovspec.bench.sweep.runner import Cell, SweepGrid
 
 
@@ -22,10 +23,13 @@ class CellEstimate:
 
 def run_overhead_s(document: Mapping[str, Any]) -> float:
     """Seconds per run beyond its critical path: the committed wall less every run's
-    critical path (auto's calibration counted as an I1 run), over the runs."""
+    critical path (auto's calibration counted as a run of its protocol), over the runs."""
     cells = document["cells"]
     paths = [float(run["critical_path_s"]) for cell in cells for run in cell["runs"]]
-    calibrations = [_mean_path(cell["runs"], "I1", None) for cell in cells if cell["calibration"]]
+    calibrator = document.get("calibration_protocol", "I1")
+    calibrations = [
+        _mean_path(cell["runs"], calibrator, None) for cell in cells if cell["calibration"]
+    ]
     runs = len(paths) + len(calibrations)
     return max(0.0, (float(document["wall_s"]) - sum(paths) - sum(calibrations)) / runs)
 
@@ -60,7 +64,7 @@ def _source(cells: Sequence[Mapping[str, Any]], cell: Cell) -> Mapping[str, Any]
 
 def estimate(document: Mapping[str, Any], grid: SweepGrid) -> list[CellEstimate]:
     """Each of ``grid``'s cells' seconds: every repetition of every arm, and auto's
-    calibration (an I1 run), from ``document`` (a committed sweep's results)."""
+    calibration run, from ``document`` (a committed sweep's results)."""
     overhead_s = run_overhead_s(document)
     protocols = [p.value for p in grid.protocols]
     out = []
@@ -74,7 +78,8 @@ def estimate(document: Mapping[str, Any], grid: SweepGrid) -> list[CellEstimate]
         top = ladder.top_tokens if ladder.top_tokens < max(done["ladder"]) else None
         try:
             arms = [_mean_path(done["runs"], p, top) + overhead_s for p in protocols]
-            calibration = _mean_path(done["runs"], "I1", top) + overhead_s
+            calibrator = calibration_protocol(grid.protocols).value
+            calibration = _mean_path(done["runs"], calibrator, top) + overhead_s
         except KeyError as missing:
             out.append(CellEstimate(label, None, f"the committed cell has no {missing} runs"))
             continue

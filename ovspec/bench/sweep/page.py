@@ -168,8 +168,8 @@ def render(document: Mapping[str, Any]) -> str:
         title = "One-ahead and auto across model sizes, ladders and precisions"
         compared = (
             f"{', '.join(arms)} (B0 one top-rung graph, I1 every rung built up front, I2 one "
-            "ahead, auto the planning policy with its costs from an untimed I1 calibration run "
-            "per cell)"
+            "ahead, auto the planning policy with its costs from an untimed "
+            f"{document.get('calibration_protocol', 'I1')} calibration run per cell)"
         )
     split = document["split"]
     cores = (

@@ -3,8 +3,9 @@ precisions.
 
 Owns the grid (``SweepGrid``: presets x ladders x compressions, plus extra cells),
 running each cell as a small bench (B0, I1, I2 and auto by default, N repetitions in
-Williams order, a cold store per run, the same split; auto plans from a calibration
-run) and the results document (every run's figures, auto's plans) ``sweep.page`` renders.
+Williams order, a cold store per run, the same split; auto plans from an untimed
+calibration run, I2's) and the results document (every run's figures, auto's plans)
+``sweep.page`` renders.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ovspec.bench.protocols.calibration import calibration_protocol
 from ovspec.bench.protocols.runner import BenchConfig, run_bench
 from ovspec.bench.protocols.setups import Protocol
 from ovspec.compile.split import CoreSplit
@@ -122,6 +124,7 @@ def run_sweep(
         "prompt_tokens": grid.prompt_tokens,
         "repetitions": grid.repetitions,
         "protocols": [p.value for p in grid.protocols],
+        "calibration_protocol": calibration_protocol(grid.protocols).value,
         "split": split.to_json() if split is not None else None,
         "properties": dict(properties),
         "load_before": list(load_before),
