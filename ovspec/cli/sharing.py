@@ -139,80 +139,59 @@ def _finish(ctx: click.Context, report: SharingReport, as_json: bool) -> None:
         ctx.exit(1)
 
 
-@cache.command()
-@_shared_options
-@click.pass_context
-def push(
-    ctx: click.Context,
-    model: str,
-    ladder: Ladder,
-    phases: str,
-    chunk_tokens: int,
-    device: str,
-    config: tuple[tuple[str, str], ...],
-    compression: Compression,
-    blob_mode: str,
-    cache_dir: Path | None,
-    remote: RemoteConfig | None,
-    as_json: bool,
-) -> None:
+def _transfer_command(direction: str, help_text: str) -> click.Command:
+    """``cache push`` or ``cache pull``: the same options and steps, one way or the other."""
+
+    @_shared_options
+    @click.pass_context
+    def transfer(
+        ctx: click.Context,
+        model: str,
+        ladder: Ladder,
+        phases: str,
+        chunk_tokens: int,
+        device: str,
+        config: tuple[tuple[str, str], ...],
+        compression: Compression,
+        blob_mode: str,
+        cache_dir: Path | None,
+        remote: RemoteConfig | None,
+        as_json: bool,
+    ) -> None:
+        report = _run(
+            direction,
+            model,
+            ladder,
+            phases,
+            chunk_tokens,
+            device,
+            config,
+            compression,
+            blob_mode,
+            cache_dir,
+            remote,
+            as_json,
+        )
+        _finish(ctx, report, as_json)
+
+    return cache.command(direction, help=help_text)(transfer)
+
+
+push = _transfer_command(
+    "push",
     """Upload MODEL's ladder from the store to the remote (what `ovspec build` compiled).
 
     Each blob is checked against its local checksum on the way out; one the store does
     not hold is reported (build it first). Exit 1 if any specialization was not moved.
-    """
-    report = _run(
-        "push",
-        model,
-        ladder,
-        phases,
-        chunk_tokens,
-        device,
-        config,
-        compression,
-        blob_mode,
-        cache_dir,
-        remote,
-        as_json,
-    )
-    _finish(ctx, report, as_json)
+    """,
+)
 
-
-@cache.command()
-@_shared_options
-@click.pass_context
-def pull(
-    ctx: click.Context,
-    model: str,
-    ladder: Ladder,
-    phases: str,
-    chunk_tokens: int,
-    device: str,
-    config: tuple[tuple[str, str], ...],
-    compression: Compression,
-    blob_mode: str,
-    cache_dir: Path | None,
-    remote: RemoteConfig | None,
-    as_json: bool,
-) -> None:
+pull = _transfer_command(
+    "pull",
     """Fetch MODEL's ladder from the remote into the store, compiling nothing.
 
     Each blob is verified against its manifest (and its signature, with
     --remote-key-file) and imported once on this device before it is stored. Exit 1 if
     any specialization is missing on the remote or was refused.
-    """
-    report = _run(
-        "pull",
-        model,
-        ladder,
-        phases,
-        chunk_tokens,
-        device,
-        config,
-        compression,
-        blob_mode,
-        cache_dir,
-        remote,
-        as_json,
-    )
-    _finish(ctx, report, as_json)
+    """,
+)
