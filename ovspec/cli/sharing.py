@@ -16,19 +16,13 @@ from ovspec.cli.cache import cache
 from ovspec.cli.options import (
     F,
     announce,
-    blob_mode_option,
-    cache_dir_option,
     check_device,
     checked_model,
-    chunk_option,
-    compress_option,
-    device_options,
     emit_json,
     json_option,
-    ladder_option,
     open_store,
-    phases_option,
-    remote_options,
+    specialization_options,
+    store_options,
 )
 from ovspec.cli.units import human_bytes, plural
 from ovspec.errors import BadRequestError, arg
@@ -42,17 +36,7 @@ if TYPE_CHECKING:
 
 
 def _shared_options(func: F) -> F:
-    for option in (
-        json_option,
-        remote_options,
-        cache_dir_option,
-        blob_mode_option,
-        compress_option,
-        device_options,
-        chunk_option,
-        phases_option,
-        ladder_option,
-    ):
+    for option in (json_option, store_options, specialization_options):
         func = option(func)
     return click.argument("model")(func)
 
