@@ -8,15 +8,9 @@ from pathlib import Path
 
 import openvino as ov
 import pytest
-from click.testing import CliRunner, Result
+from clirunner import run
 
-import ovspec.cli.commands  # noqa: F401  (registers the commands)
-from ovspec.cli import cli
 from ovspec.store.local import Store
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
 
 
 def tree(path: Path) -> list[str]:
