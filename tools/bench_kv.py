@@ -24,6 +24,7 @@ import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
 from ovspec.bench.common.commandline import model_options, progress_printer
+from ovspec.bench.common.pages import results_path
 from ovspec.bench.kv.boundaries import DECODE_ARMS, run_boundaries
 from ovspec.bench.kv.decode import DecodeConfig, run_decode
 from ovspec.bench.kv.page import (
@@ -162,21 +163,16 @@ def main(
         plot.name,
         time.perf_counter() - started,
     )
-    saved = results_path(out)
+    saved = results_path(out.parent, out.stem)
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     out.write_text(render(results), encoding="utf-8")
     say(f"wrote {out}, {plot}, {saved}")
 
 
-def results_path(page: Path) -> Path:
-    """Where a page's results document lives: results/<page>.json beside the page."""
-    return page.parent / "results" / f"{page.stem}.json"
-
-
 def render_saved(out: Path) -> None:
     """Render the page again from its saved results (the plot is left as it is)."""
-    saved = results_path(out)
+    saved = results_path(out.parent, out.stem)
     if not saved.is_file():
         click.echo(f"bench_kv: error: no saved results at {saved}; run the benchmark", err=True)
         sys.exit(2)
