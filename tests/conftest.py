@@ -142,6 +142,17 @@ def load_llm(model_dir: Path) -> DynamicLLM:
     return prepare(read_ir(model_dir / "openvino_model.xml"))
 
 
+def no_kv_graph() -> ov.Model:
+    """A graph with an LLM's inputs and logits but no KV cache (what ovspec must refuse)."""
+    ids = ov.opset13.parameter([-1, -1], ov.Type.i64, name="input_ids")
+    ids.output(0).set_names({"input_ids"})
+    mask = ov.opset13.parameter([-1, -1], ov.Type.i64, name="attention_mask")
+    mask.output(0).set_names({"attention_mask"})
+    logits = ov.opset13.convert(ov.opset13.add(ids, mask), ov.Type.f32)
+    logits.output(0).set_names({"logits"})
+    return ov.Model([logits], [ids, mask], "no_kv")
+
+
 # A full run (no arguments) that collects fewer tests than this failed to import or
 # find something: fail it rather than pass quietly. Raise it as the suite grows.
 MIN_TESTS_FULL_RUN = 1000

@@ -54,15 +54,3 @@ def read_only_view(source: Path, where: Path) -> Iterator[Path]:
         yield where
     finally:
         _run("umount", "-l", str(where))
-
-
-def fill(folder: Path, leave_bytes: int = 0) -> None:
-    """Fill the filesystem of ``folder`` until at most ``leave_bytes`` are free."""
-    st = os.statvfs(folder)
-    free = st.f_bavail * st.f_frsize - leave_bytes
-    with contextlib.suppress(OSError), open(folder / "filler", "wb") as f:
-        while free > 0:
-            n = min(free, 1 << 16)
-            f.write(b"\0" * n)
-            free -= n
-        f.flush()

@@ -26,8 +26,8 @@ import click
 from ovspec.bench.build.page import PAGE
 from ovspec.bench.build.report import format_report
 from ovspec.bench.build.runner import Settings, run_benchmark
+from ovspec.bench.common.commandline import model_options, progress_printer
 from ovspec.bench.common.pages import write_page
-from ovspec.bench.common.records import DEFAULT_MODELS_DIR
 from ovspec.cli import tool_errors
 from ovspec.cli.options import chunk_option, device_options, ladder_option, phases_option
 from ovspec.ladder import Ladder
@@ -36,20 +36,7 @@ from ovspec.ladder import Ladder
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--model",
-    "model_reference",
-    default="builtin:qwen2.5-0.5b",
-    show_default=True,
-    help="Model folder, or builtin:PRESET (written once under --models-dir).",
-)
-@click.option(
-    "--models-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_MODELS_DIR,
-    show_default=True,
-    help="Where built-in models are written and reused between runs.",
-)
+@model_options()
 @ladder_option
 @phases_option
 @chunk_option
@@ -132,9 +119,7 @@ def main(
     )
     command = shlex.join(["python", "tools/bench_build.py", *sys.argv[1:]])
     started = time.perf_counter()
-
-    def say(message: str) -> None:
-        click.echo(f"[{time.perf_counter() - started:7.1f} s] {message}", err=True)
+    say = progress_printer(started)
 
     with tool_errors("bench_build: error"):
         report = run_benchmark(settings, command, say)

@@ -23,7 +23,8 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.common.records import DEFAULT_MODELS_DIR
+from ovspec.bench.common.commandline import model_options, progress_printer
+from ovspec.bench.common.pages import results_path
 from ovspec.bench.kv.boundaries import DECODE_ARMS, run_boundaries
 from ovspec.bench.kv.decode import DecodeConfig, run_decode
 from ovspec.bench.kv.page import (
@@ -41,20 +42,7 @@ DEFAULT_OUT = Path("docs/benchmarks/kv.md")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--model",
-    "model_reference",
-    default="builtin:qwen2.5-0.5b",
-    show_default=True,
-    help="Model folder, or builtin:PRESET (written once under --models-dir).",
-)
-@click.option(
-    "--models-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_MODELS_DIR,
-    show_default=True,
-    help="Where built-in models are written and reused; its store/ keeps compiled graphs.",
-)
+@model_options("Where built-in models are written and reused; its store/ keeps compiled graphs.")
 @click.option(
     "--boundary-ladder",
     default="256,512,1024,2048,4096,8192",
@@ -135,10 +123,8 @@ def main(
 
     command = shlex.join(["python", "tools/bench_kv.py", *sys.argv[1:]])
     started = time.perf_counter()
+    say = progress_printer(started)
     loads = [load_average()]
-
-    def say(message: str) -> None:
-        click.echo(f"[{time.perf_counter() - started:7.1f} s] {message}", err=True)
 
     try:
         model_dir = resolve_model(model_reference, models_dir / "models")
@@ -177,21 +163,16 @@ def main(
         plot.name,
         time.perf_counter() - started,
     )
-    saved = results_path(out)
+    saved = results_path(out.parent, out.stem)
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     out.write_text(render(results), encoding="utf-8")
     say(f"wrote {out}, {plot}, {saved}")
 
 
-def results_path(page: Path) -> Path:
-    """Where a page's results document lives: results/<page>.json beside the page."""
-    return page.parent / "results" / f"{page.stem}.json"
-
-
 def render_saved(out: Path) -> None:
     """Render the page again from its saved results (the plot is left as it is)."""
-    saved = results_path(out)
+    saved = results_path(out.parent, out.stem)
     if not saved.is_file():
         click.echo(f"bench_kv: error: no saved results at {saved}; run the benchmark", err=True)
         sys.exit(2)

@@ -20,8 +20,8 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
+from ovspec.bench.common.commandline import model_options, progress_printer
 from ovspec.bench.common.pages import write_page
-from ovspec.bench.common.records import DEFAULT_MODELS_DIR
 from ovspec.bench.remote.runner import PAGE, Settings, run_benchmark
 from ovspec.cli import tool_errors
 from ovspec.cli.options import chunk_option, ladder_option, phases_option
@@ -31,20 +31,7 @@ PAGES_DIR = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--model",
-    "model_reference",
-    default="builtin:qwen2.5-0.5b",
-    show_default=True,
-    help="Model folder, or builtin:PRESET (written once under --models-dir).",
-)
-@click.option(
-    "--models-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_MODELS_DIR,
-    show_default=True,
-    help="Where built-in models are written and reused between runs.",
-)
+@model_options()
 @ladder_option
 @phases_option
 @chunk_option
@@ -90,9 +77,7 @@ def main(
     """Time a fresh process to its first token: cold compile, warm remote, warm local."""
     command = shlex.join(["python", "tools/bench_remote.py", *sys.argv[1:]])
     started = time.perf_counter()
-
-    def say(message: str) -> None:
-        click.echo(f"[{time.perf_counter() - started:7.1f} s] {message}", err=True)
+    say = progress_printer(started)
 
     try:
         work_dir.mkdir(parents=True, exist_ok=True)

@@ -13,20 +13,14 @@ from ovspec.cli import cli
 from ovspec.cli.options import (
     MAX_JOBS,
     announce,
-    blob_mode_option,
-    cache_dir_option,
     check_device,
     checked_model,
-    chunk_option,
-    compress_option,
-    device_options,
     emit_json,
     json_option,
-    ladder_option,
     open_store,
-    phases_option,
     progress,
-    remote_options,
+    specialization_options,
+    store_options,
 )
 from ovspec.cli.units import human_bytes
 from ovspec.ir.compression import Compression
@@ -42,11 +36,7 @@ if TYPE_CHECKING:
 
 @cli.command()
 @click.argument("model")
-@ladder_option
-@phases_option
-@chunk_option
-@device_options
-@compress_option
+@specialization_options
 @click.option(
     "--jobs",
     type=click.IntRange(1, MAX_JOBS),
@@ -54,9 +44,7 @@ if TYPE_CHECKING:
     show_default=True,
     help="Specializations compiled at once.",
 )
-@blob_mode_option
-@cache_dir_option
-@remote_options
+@store_options
 @json_option
 def build(
     model: str,

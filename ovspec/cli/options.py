@@ -392,3 +392,20 @@ def progress(length: int, label: str) -> Iterator[Callable[[int], None]]:
 
 def emit_json(document: object) -> None:
     click.echo(json.dumps(document, indent=2, sort_keys=False))
+
+
+def specialization_options(func: F) -> F:
+    """--ladder, --phases, --chunk, --device/--config and --compress: what picks a build's
+    specializations and their keys. ``build``, ``cache push`` and ``cache pull`` all take
+    these, so a push or a pull names the blobs a build with the same options made."""
+    for option in (compress_option, device_options, chunk_option, phases_option, ladder_option):
+        func = option(func)
+    return func
+
+
+def store_options(func: F) -> F:
+    """--blob-mode, --cache-dir (with --trust-shared-store) and the --remote options: where
+    a build's blobs go and in which form (``build``, ``cache push``, ``cache pull``)."""
+    for option in (remote_options, cache_dir_option, blob_mode_option):
+        func = option(func)
+    return func

@@ -95,10 +95,18 @@ def check_patch(
         ctx.exit(EXIT_CONFLICT)
 
 
-def _report_change(
-    before: patching.PatchCheck, after: patching.PatchCheck, verbs: tuple[str, str], as_json: bool
+def _change(
+    change: Callable[[patching.Patch, Path], patching.PatchCheck],
+    source_dir: Path,
+    patch_name: str | None,
+    verbs: tuple[str, str],
+    as_json: bool,
 ) -> None:
-    """``verbs``: what to say when the work tree changed, and when it was already so."""
+    """Apply ``change`` to SOURCE_DIR and report it against the state before. ``verbs``:
+    what to say when the work tree changed, and when it was already so."""
+    chosen = patching.resolve_patch(patch_name)
+    before = patching.check(chosen, source_dir)
+    after = change(chosen, source_dir)
     changed = before.state is not after.state
     if as_json:
         _echo_json({"changed": changed, "before": before.state.value, **after.to_json()})
@@ -112,11 +120,7 @@ def _report_change(
 @_json_option
 def apply_patch(source_dir: Path, patch_name: str | None, as_json: bool) -> None:
     """Apply the patch to the work tree of SOURCE_DIR (a no-op when already applied)."""
-    chosen = patching.resolve_patch(patch_name)
-    before = patching.check(chosen, source_dir)
-    _report_change(
-        before, patching.apply(chosen, source_dir), ("applied", "already applied"), as_json
-    )
+    _change(patching.apply, source_dir, patch_name, ("applied", "already applied"), as_json)
 
 
 @patch.command("revert")
@@ -125,8 +129,4 @@ def apply_patch(source_dir: Path, patch_name: str | None, as_json: bool) -> None
 @_json_option
 def revert_patch(source_dir: Path, patch_name: str | None, as_json: bool) -> None:
     """Undo an uncommitted apply in SOURCE_DIR (a no-op when the patch is not applied)."""
-    chosen = patching.resolve_patch(patch_name)
-    before = patching.check(chosen, source_dir)
-    _report_change(
-        before, patching.revert(chosen, source_dir), ("reverted", "not applied"), as_json
-    )
+    _change(patching.revert, source_dir, patch_name, ("reverted", "not applied"), as_json)

@@ -432,7 +432,7 @@ def _base_relation(patch: Patch, top: Path, head: str) -> BaseRelation:
 
 
 def _head_blobs(patch: Patch, top: Path) -> dict[str, str]:
-    return _ls_tree_blobs(_git(top, "ls-tree", "-z", "HEAD", "--", *patch.files), patch)
+    return _listed_blobs(_git(top, "ls-tree", "-z", "HEAD", "--", *patch.files), patch, 2)
 
 
 def _work_tree_blobs(patch: Patch, top: Path) -> dict[str, str]:
@@ -459,21 +459,19 @@ def _patched_head_blobs(patch: Patch, top: Path) -> dict[str, str] | None:
         if _git(top, "apply", "--cached", str(patch.path.resolve()), env=env).returncode != 0:
             return None
         staged = _git(top, "ls-files", "-z", "--stage", "--", *patch.files, env=env)
-    blobs: dict[str, str] = {}
-    for entry in (e for e in staged.stdout.split("\0") if e):
-        meta, name = entry.split("\t", 1)
-        blobs[name] = meta.split()[1]
-    for f in patch.files:
-        blobs.setdefault(f, "<missing>")
-    return blobs
+    return _listed_blobs(staged, patch, 1)
 
 
-def _ls_tree_blobs(result: subprocess.CompletedProcess[str], patch: Patch) -> dict[str, str]:
-    # ls-tree -z: "<mode> <type> <object>\t<path>\0"
+def _listed_blobs(
+    result: subprocess.CompletedProcess[str], patch: Patch, object_field: int
+) -> dict[str, str]:
+    """Blob id per touched file from a git -z listing of "<meta>\t<path>\0" entries, the id
+    being field ``object_field`` of meta: 2 in ls-tree's "<mode> <type> <object>", 1 in
+    ls-files --stage's "<mode> <object> <stage>". A file not listed is "<missing>"."""
     blobs: dict[str, str] = {}
     for entry in (e for e in result.stdout.split("\0") if e):
         meta, name = entry.split("\t", 1)
-        blobs[name] = meta.split()[2]
+        blobs[name] = meta.split()[object_field]
     for f in patch.files:
         blobs.setdefault(f, "<missing>")
     return blobs

@@ -8,15 +8,10 @@ from pathlib import Path
 
 import openvino as ov
 import pytest
-from click.testing import CliRunner, Result
+from clirunner import run
+from conftest import no_kv_graph
 
-import ovspec.cli.commands  # noqa: F401  (registers the commands)
-from ovspec.cli import cli
 from ovspec.store.local import Store
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
 
 
 def tree(path: Path) -> list[str]:
@@ -96,14 +91,8 @@ def test_jobs_build_the_same_keys(tmp_path: Path, qwen2_dir: Path) -> None:
 
 
 def no_kv_model(folder: Path) -> Path:
-    ids = ov.opset13.parameter([-1, -1], ov.Type.i64, name="input_ids")
-    ids.output(0).set_names({"input_ids"})
-    mask = ov.opset13.parameter([-1, -1], ov.Type.i64, name="attention_mask")
-    mask.output(0).set_names({"attention_mask"})
-    logits = ov.opset13.convert(ov.opset13.add(ids, mask), ov.Type.f32)
-    logits.output(0).set_names({"logits"})
     folder.mkdir()
-    ov.save_model(ov.Model([logits], [ids, mask], "no_kv"), folder / "openvino_model.xml")
+    ov.save_model(no_kv_graph(), folder / "openvino_model.xml")
     return folder
 
 

@@ -11,26 +11,12 @@ from pathlib import Path
 
 import openvino_genai
 import pytest
-from click.testing import CliRunner, Result
+from clirunner import EXACT, generate_json, run
 
-import ovspec.cli.commands  # noqa: F401  (registers the commands)
-from ovspec.cli import cli
 from ovspec.ir.gguf import gguf_digest
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 
 LADDER = "32,64"
-EXACT = [arg for k, v in EXACT_CPU_PROPERTIES.items() for arg in ("--config", f"{k}={v}")]
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
-def generate_json(*args: str) -> dict[str, object]:
-    result = run("generate", *args, "--json")
-    assert result.exit_code == 0, result.output
-    document: dict[str, object] = json.loads(result.stdout)
-    return document
 
 
 @pytest.fixture(scope="module")

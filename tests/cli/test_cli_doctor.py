@@ -7,14 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
-
-import ovspec.cli.commands  # noqa: F401  (registers the commands)
-from ovspec.cli import cli
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
+from clirunner import run
 
 
 def test_a_healthy_export(qwen2_dir: Path, tmp_path: Path) -> None:

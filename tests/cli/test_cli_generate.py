@@ -14,12 +14,10 @@ import numpy as np
 import openvino as ov
 import openvino_genai
 import pytest
-from click.testing import CliRunner, Result
+from clirunner import EXACT, generate_json, run
 from hypothesis import given
 from hypothesis import strategies as st
 
-import ovspec.cli.commands  # noqa: F401  (registers the commands)
-from ovspec.cli import cli
 from ovspec.cli.generate import KV_LAYOUT_CHOICES, POLICY_CHOICES
 from ovspec.compile.devices import profile_for
 from ovspec.errors import BadRequestError, ModelError
@@ -31,18 +29,6 @@ from ovspec.runtime.textcodec import REPLACEMENT_CHAR, TextCodec, TextStream, eo
 from ovspec.store.local import Store
 
 LADDER = "32,64,128"
-EXACT = [arg for k, v in EXACT_CPU_PROPERTIES.items() for arg in ("--config", f"{k}={v}")]
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
-def generate_json(*args: str) -> dict[str, object]:
-    result = run("generate", *args, "--json")
-    assert result.exit_code == 0, result.output
-    document: dict[str, object] = json.loads(result.stdout)
-    return document
 
 
 def genai_pipeline(model_dir: Path) -> openvino_genai.LLMPipeline:

@@ -16,7 +16,7 @@ from typing import Any
 
 import obstore
 import pytest
-from mounts import fill, tmpfs
+from mounts import tmpfs
 from s3server import BUCKET, new_prefix, remote_for, write_payload
 from test_cli_remote import LADDER, aws_env
 
@@ -25,6 +25,7 @@ from ovspec.store.local import Store
 from ovspec.store.manifest import Manifest, describe_payload
 from ovspec.store.records import BlobRecord
 from ovspec.store.s3 import S3Backend
+from ovspec.testing.disk import fill_disk
 from ovspec.testing.seaweed import SeaweedServer
 
 TRACEBACK = "Traceback (most recent call last)"
@@ -89,7 +90,7 @@ def test_a_fetch_onto_a_full_disk_fails_open(
         roots = [small / name for name in ("gen", "build", "pull")]
         for root in roots:
             Store(root).close()  # made while there is room, as a user's store would be
-        fill(small, leave_bytes=100 << 10)  # less than one tiny blob (~165 KB)
+        fill_disk(small, leave_bytes=100 << 10)  # less than one tiny blob (~165 KB)
         gen = ovspec(published, *generate_args(tiny_dir, roots[0]))
         one_line_or_none(gen)
         assert gen.returncode == 0, gen.stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mounts import fill, tmpfs
+from mounts import tmpfs
 
 from ovspec.compile.compiler import Compiler
 from ovspec.compile.modes import BlobMode
@@ -30,6 +30,7 @@ from ovspec.ir.specialize import Specialization
 from ovspec.store.digests import DigestMemo
 from ovspec.store.keys import BlobKey
 from ovspec.store.local import Store, StoreWarning
+from ovspec.testing.disk import fill_disk
 
 SPEC = Specialization.decode(32)
 CLI = [sys.executable, "-c", "from ovspec.cli import main; main()"]
@@ -127,7 +128,7 @@ def test_a_full_disk_during_export_stores_nothing(tiny_dir: Path, tmp_path: Path
     with tmpfs(tmp_path / "small", 1 << 20) as mounted:
         root = mounted / "store"
         assert build(tiny_dir, root, "prefill").returncode == 0
-        fill(mounted, leave_bytes=140_000)  # room for index writes, not for a blob
+        fill_disk(mounted, leave_bytes=140_000)  # room for index writes, not for a blob
         done = build(tiny_dir, root, "decode")
         assert done.returncode == 0, done.stderr  # fails open: compiled outside, not stored
         assert "No space left on device" in done.stderr and "Traceback" not in done.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 import pytest
-from conftest import DirectPrograms, load_llm
+from conftest import DirectPrograms, load_llm, no_kv_graph
 from openvino.passes import ConstantFolding, Manager
 
 from ovspec.errors import ModelError
@@ -174,15 +174,8 @@ def test_stateless_ir_is_accepted(tmp_path: Path, qwen2_dir: Path) -> None:
 
 
 def test_ir_without_kv_cache_is_rejected(tmp_path: Path) -> None:
-    ids = ov.opset13.parameter([-1, -1], ov.Type.i64, name="input_ids")
-    ids.output(0).set_names({"input_ids"})
-    mask = ov.opset13.parameter([-1, -1], ov.Type.i64, name="attention_mask")
-    mask.output(0).set_names({"attention_mask"})
-    logits = ov.opset13.convert(ov.opset13.add(ids, mask), ov.Type.f32)
-    logits.output(0).set_names({"logits"})
-    model = ov.Model([logits], [ids, mask], "no_kv")
     with pytest.raises(ModelError, match="no KV cache"):
-        prepare(model)
+        prepare(no_kv_graph())
 
 
 def test_specialization_validation() -> None:

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from mounts import fill, tmpfs
+from mounts import tmpfs
 from test_local import make_key, never, payload, put, writer
 
 import ovspec.cli.commands  # noqa: F401 - registers the command modules
 from ovspec.cli import cli
 from ovspec.errors import StoreError
 from ovspec.store.local import Store, StoreWarning
+from ovspec.testing.disk import fill_disk
 
 DAMAGES = ["truncate", "garbage", "zero", "folder"]
 
@@ -85,7 +86,7 @@ def test_a_full_disk_under_the_index_fails_open_or_is_one_line(tmp_path: Path) -
     with tmpfs(root / "index", 64 * 1024) as mounted:
         for name, data in index_files.items():
             (mounted / name).write_bytes(data)
-        fill(mounted)
+        fill_disk(mounted)
         lenient = Store(root)
         data = payload(3000)
         with pytest.warns(StoreWarning, match=r"cannot (store|write) .*(full|space)"):

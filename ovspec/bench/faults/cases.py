@@ -20,7 +20,6 @@ from ovspec.bench.faults.harness import (
     FaultCase,
     Harness,
     Outcome,
-    fill_disk,
     mounted,
     payloads,
     summarize,
@@ -60,6 +59,7 @@ from ovspec.bench.faults.trust import (
 from ovspec.store.digests import digest_file
 from ovspec.store.keys import BlobKey
 from ovspec.store.local import Store
+from ovspec.testing.disk import fill_disk
 
 # -- payload damage ----------------------------------------------------------------------
 

@@ -243,17 +243,6 @@ def tokens_of(done: Run) -> list[int] | None:
     return ids
 
 
-def fill_disk(folder: Path, leave_bytes: int = 0) -> None:
-    """Fill the filesystem of ``folder`` (a file named ``filler``) to ``leave_bytes`` free."""
-    st = os.statvfs(folder)
-    free = st.f_bavail * st.f_frsize - leave_bytes
-    with contextlib.suppress(OSError), open(folder / "filler", "wb") as f:
-        while free > 0:
-            n = min(free, 1 << 16)
-            f.write(b"\0" * n)
-            free -= n
-
-
 def payloads(root: Path) -> list[Path]:
     return sorted((root / "blobs").glob("*/*.blob"))
 

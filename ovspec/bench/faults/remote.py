@@ -17,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ovspec.bench.faults.harness import Harness, Outcome, fill_disk, mounted, summarize, tokens_of
+from ovspec.bench.faults.harness import Harness, Outcome, mounted, summarize, tokens_of
 from ovspec.store.keys import BlobKey
 from ovspec.store.local import Store
 from ovspec.store.manifest import Manifest, describe_payload
 from ovspec.store.records import BlobRecord
+from ovspec.testing.disk import fill_disk
 
 BUCKET = "ovspec-faults"
 _server: list[Any] = []  # the one SeaweedServer of this process, once started
