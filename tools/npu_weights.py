@@ -4,16 +4,19 @@ of rungs against its top rung alone, the store's blob bytes and the peak RSS of 
 process that imports every rung's decode graph and runs each once. Three arms: full blobs
 (the weights in each), weightless blobs naming the model's one weights bank (the profile's
 default), and weightless blobs with a bank per rung (the control: what the bank saves).
-Prints the figures; raw samples go to JSON:
+Prints the figures and writes docs/benchmarks/npu-weights.md with its raw samples
+(results/npu-weights.json); about 2 min for builtin:small:
 
-    python tools/npu_weights.py --out docs/benchmarks/results/npu-weights.json
-    python tools/npu_weights.py --model builtin:qwen2.5-0.5b --out /tmp/w.json
+    python tools/npu_weights.py
+    python tools/npu_weights.py --model builtin:qwen2.5-0.5b --out /tmp/w
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -23,7 +26,12 @@ from typing import Any
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
+from ovspec.bench.common.environment import environment, load_average
+from ovspec.bench.common.pages import write_page
+from ovspec.bench.npu.weights_page import PAGE, RESULTS_FORMAT
 from ovspec.ir.model_dir import resolve_model
+
+PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 
 NPUW = {"NPUW_DEVICES": "CPU", "NPUW_F16IC": "NO", "INFERENCE_PRECISION_HINT": "f32"}
 # arm: (blob mode, a weights bank per rung)
@@ -98,14 +106,21 @@ def _runs(model: str, capacities: list[int], scratch: Path) -> tuple[int, list[d
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", default="builtin:small", show_default=True)
 @click.option("--ladder", default="64,128,256,512", show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def main(model: str, ladder: str, out: Path | None) -> None:
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=PAGES,
+    show_default=True,
+    help="Where npu-weights.md and results/npu-weights.json go.",
+)
+def main(model: str, ladder: str, out: Path) -> None:
     try:
         capacities = [int(c) for c in ladder.split(",")]
     except ValueError:
         raise click.BadParameter(
             f"takes comma-separated integers (got {ladder!r})", param_hint="--ladder"
         ) from None
+    load_start = load_average()
     with tempfile.TemporaryDirectory(prefix="npu-weights-") as scratch:
         bin_bytes, runs = _runs(model, capacities, Path(scratch))
     mib = 1 << 20
@@ -120,9 +135,17 @@ def main(model: str, ladder: str, out: Path | None) -> None:
         one, many = (r for r in runs if r["arm"] == arm)
         ratio = many["peak_rss_bytes"] / one["peak_rss_bytes"]
         print(f"{arm}: {len(capacities)} rungs' peak RSS / one rung's = {ratio:.2f}")
-    if out is not None:
-        record = {"model": model, "bin_bytes": bin_bytes, "properties": NPUW, "runs": runs}
-        out.write_text(json.dumps(record, indent=2) + "\n")
+    record = {
+        "format": RESULTS_FORMAT,
+        "command": shlex.join(["python", "tools/npu_weights.py", *sys.argv[1:]]),
+        "model": model,
+        "ladder": ladder,
+        "bin_bytes": bin_bytes,
+        "properties": NPUW,
+        "runs": runs,
+        "environment": dataclasses.asdict(environment(load_start)),
+    }
+    write_page(out, PAGE, record)
 
 
 if __name__ == "__main__":
