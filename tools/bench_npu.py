@@ -3,7 +3,7 @@
 generate pyramid, against ovspec one-ahead, all on the NPU plugin's NPUW compiling for CPU
 subdevices. Regenerates docs/benchmarks/npu-plugin.md and its results/npu-plugin.json:
 
-    python tools/bench_npu.py                       # both default cases, ~20 min quiet
+    python tools/bench_npu.py                       # both default cases, ~15 min
     python tools/bench_npu.py --cases small-96 --repetitions 2 --out /tmp/npu   # a try
     python tools/bench_npu.py --model DIR --prompt-tokens 40 --new-tokens 30 --ladder 64,128
 """

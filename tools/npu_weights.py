@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
 """How often the NPU path (NPUW on CPU subdevices) holds a model's weights: for a ladder
-of rungs against its top rung alone, per blob mode, the store's blob bytes and the peak
-RSS of a fresh process that imports every rung's decode graph and runs each once.
-Prints the figures; raw samples go to JSON:
+of rungs against its top rung alone, the store's blob bytes and the peak RSS of a fresh
+process that imports every rung's decode graph and runs each once. Three arms: full blobs
+(the weights in each), weightless blobs naming the model's one weights bank (the profile's
+default), and weightless blobs with a bank per rung (the control: what the bank saves).
+Prints the figures and writes docs/benchmarks/npu-weights.md with its raw samples
+(results/npu-weights.json); about 2 min for builtin:small:
 
-    python tools/npu_weights.py                                   # builtin:small
-    python tools/npu_weights.py --model builtin:qwen2.5-0.5b --out /tmp/w.json
+    python tools/npu_weights.py
+    python tools/npu_weights.py --model builtin:qwen2.5-0.5b --out /tmp/w
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -20,18 +26,27 @@ from typing import Any
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.compile.modes import BlobMode
+from ovspec.bench.common.environment import environment, load_average
+from ovspec.bench.common.pages import write_page
+from ovspec.bench.npu.weights_page import PAGE, RESULTS_FORMAT
 from ovspec.ir.model_dir import resolve_model
 
+PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+
 NPUW = {"NPUW_DEVICES": "CPU", "NPUW_F16IC": "NO", "INFERENCE_PRECISION_HINT": "f32"}
+# arm: (blob mode, a weights bank per rung)
+ARMS = {"full": ("full", False), "weightless": ("weightless", False)}
+ARMS["weightless, bank per rung"] = ("weightless", True)
 
 # One fresh process: ``build`` compiles the rungs into the store; ``import`` imports
-# them through one compiler, as a loader does, runs each once and reports its memory.
+# them, each through its compiler (one for the ladder, or one per rung when each rung
+# names its own bank), runs each once and reports its memory.
 _CHILD = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from ovspec.compile.compiler import Compiler
+from ovspec.compile.devices.npuw import WEIGHTS_BANK
 from ovspec.compile.modes import BlobMode
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.specialize import Specialization
@@ -42,16 +57,23 @@ def status(name):
         if line.startswith(name + ":"):
             return int(line.split()[1]) * 1024
 
-root, model, store, mode, properties, capacities, action = sys.argv[1:]
-compiler = Compiler(ModelDir.open(model), "NPU", json.loads(properties), Store(Path(store)),
-                    blob_mode=BlobMode(mode))
+root, model, store, mode, properties, capacities, per_rung, action = sys.argv[1:]
+model, store, properties = ModelDir.open(model), Store(Path(store)), json.loads(properties)
+compilers = {}
+def compiler(capacity):
+    bank = {WEIGHTS_BANK: f"npu-weights-rung-{capacity}"} if per_rung == "1" else {}
+    key = capacity if bank else 0
+    if key not in compilers:
+        compilers[key] = Compiler(model, "NPU", {**properties, **bank}, store,
+                                  blob_mode=BlobMode(mode))
+    return compilers[key]
 if action == "build":
-    sizes = [compiler.build(Specialization.decode(c)).blob_bytes for c in json.loads(capacities)]
-    print(json.dumps({"blob_bytes": sizes}))
+    print(json.dumps({"blob_bytes": [compiler(c).build(Specialization.decode(c)).blob_bytes
+                                     for c in json.loads(capacities)]}))
     sys.exit(0)
 programs, rss = [], []
 for capacity in json.loads(capacities):
-    programs.append(compiler.load(Specialization.decode(capacity)))
+    programs.append(compiler(capacity).load(Specialization.decode(capacity)))
     programs[-1].compiled.create_infer_request().infer()
     rss.append(status("VmRSS"))
 print(json.dumps({"rss_after_rung_bytes": rss, "peak_rss_bytes": status("VmHWM")}))
@@ -67,36 +89,63 @@ def _child(args: list[str]) -> dict[str, Any]:
     return result
 
 
+def _runs(model: str, capacities: list[int], scratch: Path) -> tuple[int, list[dict[str, Any]]]:
+    model_dir = resolve_model(model, scratch / "models")
+    runs: list[dict[str, Any]] = []
+    for arm, (mode, per_rung) in ARMS.items():
+        for rungs in (capacities[-1:], capacities):
+            store = scratch / f"{mode}-{int(per_rung)}-{len(rungs)}"
+            args = [str(model_dir.root), str(store), mode, json.dumps(NPUW), json.dumps(rungs)]
+            args.append("1" if per_rung else "0")
+            built = _child([*args, "build"])
+            imported = _child([*args, "import"])
+            runs.append({"arm": arm, "blob_mode": mode, "rungs": rungs, **built, **imported})
+    return model_dir.bin_path.stat().st_size, runs
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", default="builtin:small", show_default=True)
 @click.option("--ladder", default="64,128,256,512", show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def main(model: str, ladder: str, out: Path | None) -> None:
-    capacities = [int(c) for c in ladder.split(",")]
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=PAGES,
+    show_default=True,
+    help="Where npu-weights.md and results/npu-weights.json go.",
+)
+def main(model: str, ladder: str, out: Path) -> None:
+    try:
+        capacities = [int(c) for c in ladder.split(",")]
+    except ValueError:
+        raise click.BadParameter(
+            f"takes comma-separated integers (got {ladder!r})", param_hint="--ladder"
+        ) from None
+    load_start = load_average()
     with tempfile.TemporaryDirectory(prefix="npu-weights-") as scratch:
-        model_dir = resolve_model(model, Path(scratch) / "models")
-        bin_bytes = model_dir.bin_path.stat().st_size
-        runs: list[dict[str, Any]] = []
-        for mode in BlobMode:
-            for rungs in (capacities[-1:], capacities):
-                store = Path(scratch) / f"{mode.value}-{len(rungs)}"
-                args = [str(model_dir.root), str(store), mode.value, json.dumps(NPUW)]
-                built = _child([*args, json.dumps(rungs), "build"])
-                imported = _child([*args, json.dumps(rungs), "import"])
-                runs.append({"blob_mode": mode.value, "rungs": rungs, **built, **imported})
+        bin_bytes, runs = _runs(model, capacities, Path(scratch))
     mib = 1 << 20
     print(f"{model}: .bin {bin_bytes / mib:.1f} MiB; decode rungs, NPU with NPUW_DEVICES=CPU")
-    print(f"{'blob mode':<11}{'rungs':>6}{'store MiB':>11}{'peak RSS MiB':>14}")
+    print(f"{'arm':<27}{'rungs':>6}{'store MiB':>11}{'peak RSS MiB':>14}{'per rung MiB':>14}")
     for run in runs:
         stored, peak = sum(run["blob_bytes"]) / mib, run["peak_rss_bytes"] / mib
-        print(f"{run['blob_mode']:<11}{len(run['rungs']):>6}{stored:>11.1f}{peak:>14.0f}")
-    for mode in BlobMode:
-        one, many = (r for r in runs if r["blob_mode"] == mode.value)
+        after = run["rss_after_rung_bytes"]
+        steps = " ".join(f"{(b - a) / mib:.0f}" for a, b in itertools.pairwise(after)) or "-"
+        print(f"{run['arm']:<27}{len(run['rungs']):>6}{stored:>11.1f}{peak:>14.0f}  {steps}")
+    for arm in ARMS:
+        one, many = (r for r in runs if r["arm"] == arm)
         ratio = many["peak_rss_bytes"] / one["peak_rss_bytes"]
-        print(f"{mode.value}: {len(capacities)} rungs' peak RSS / one rung's = {ratio:.2f}")
-    if out is not None:
-        record = {"model": model, "bin_bytes": bin_bytes, "properties": NPUW, "runs": runs}
-        out.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"{arm}: {len(capacities)} rungs' peak RSS / one rung's = {ratio:.2f}")
+    record = {
+        "format": RESULTS_FORMAT,
+        "command": shlex.join(["python", "tools/npu_weights.py", *sys.argv[1:]]),
+        "model": model,
+        "ladder": ladder,
+        "bin_bytes": bin_bytes,
+        "properties": NPUW,
+        "runs": runs,
+        "environment": dataclasses.asdict(environment(load_start)),
+    }
+    write_page(out, PAGE, record)
 
 
 if __name__ == "__main__":

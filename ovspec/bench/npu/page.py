@@ -119,6 +119,37 @@ def _band_metric(prompt_tokens: int, band: tuple[int, int]) -> Metric:
     return metric
 
 
+def _properties_note(properties: Mapping[str, str]) -> str:
+    """Why the arms share these properties (results before 2026-12-03 gave NPUW_FOLD=NO)."""
+    if "NPUW_FOLD" in properties:
+        return (
+            "ovspec's NPUW profile's exact ones, so that genai runs the same numerics; on "
+            "tests/data/qwen2 genai's tokens were the same with and without them"
+        )
+    return (
+        "f32 on the subdevice and between NPUW's partitions, as in ovspec's NPUW profile's "
+        "exact properties, so that genai runs the same numerics; not their `NPUW_FOLD=NO`, "
+        "unless a case adds it: with it genai's NPU pipeline fails on the 0.5B preset, in "
+        "NPUW's partitioner on the lm_head tied to the embedding. Folding turns f32 "
+        "weights into f16; the presets' weights are f16 already"
+    )
+
+
+def _case_properties(config: Mapping[str, Any], shared: Mapping[str, str]) -> str:
+    """The sentence naming what a case gives every arm beyond the document's properties."""
+    extra = {k: v for k, v in config["properties"].items() if shared.get(k) != v}
+    if not extra:
+        return ""
+    named = ", ".join(f"`{k}={v}`" for k, v in sorted(extra.items()))
+    why = ""
+    if extra.get("NPUW_FOLD") == "NO":
+        why = (
+            " (with folding and `NPUW_F16IC=NO`, NPUW crashes ovspec's prefill graphs of "
+            "this model: an f32 tensor given to an f16 subgraph input)"
+        )
+    return f" Every arm of this case also gets {named}{why}."
+
+
 def render(results: Mapping[str, Any]) -> str:
     cases = results["cases"]
     order = results.get("case_order") or sorted(cases)
@@ -143,9 +174,8 @@ def render(results: Mapping[str, Any]) -> str:
         "`NPUW_LLM_GENERATE_PYRAMID=YES`; `ovspec-npu`: ovspec one-ahead on "
         "`--device NPU --config NPUW_DEVICES=CPU` with the device's default load mode "
         "(import: blobs through a store, cold in every run). Properties given to every "
-        f"arm: {properties or 'none'} (ovspec's NPUW profile's exact ones, so that genai "
-        "runs the same numerics; on tests/data/qwen2 genai's tokens were the same with "
-        f"and without them). Wall time {results['wall_s'] / 60:.1f} min.",
+        f"arm: {properties or 'none'} ({_properties_note(results['properties'])}). "
+        f"Wall time {results['wall_s'] / 60:.1f} min.",
         "",
         "genai is configured for the same maximum context as ovspec's top rung: "
         "`MAX_PROMPT_LEN` is the prompt rounded up to 64 tokens (NPUW's alignment), "
@@ -170,7 +200,7 @@ def render(results: Mapping[str, Any]) -> str:
         "",
     ]
     for name in order:
-        lines += _case(name, cases[name])
+        lines += _case(name, cases[name], results["properties"])
     return "\n".join(lines) + "\n"
 
 
@@ -194,7 +224,7 @@ def _peers(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return [a for a in GENAI_ARMS if any(r["arm"] == a for r in runs)]
 
 
-def _case(name: str, case: Mapping[str, Any]) -> list[str]:
+def _case(name: str, case: Mapping[str, Any], shared: Mapping[str, str]) -> list[str]:
     config, runs = case["config"], case["runs"]
     env = case["environment"]
     arms = [a for a in (*GENAI_ARMS, OVSPEC_ARM) if any(r["arm"] == a for r in runs)]
@@ -208,7 +238,8 @@ def _case(name: str, case: Mapping[str, Any]) -> list[str]:
         f"ladder {config['ladder']}; genai `MAX_PROMPT_LEN={context['MAX_PROMPT_LEN']}`, "
         f"`MIN_RESPONSE_LEN={context['MIN_RESPONSE_LEN']}`; {config['repetitions']} "
         f"repetitions. Machine: {env.get('cpu_model', '?')}, {env.get('usable_cores', '?')} "
-        f"cores, OpenVINO {env.get('openvino', '?')}, ovspec at {env.get('git_commit', '?')}.",
+        f"cores, OpenVINO {env.get('openvino', '?')}, ovspec at {env.get('git_commit', '?')}."
+        + _case_properties(config, shared),
         "",
         "| figure | "
         + " | ".join(arms)
