@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ovspec.bench.npu.page import ovspec_kv_tokens, render
+from ovspec.bench.npu.page import ovspec_kv_tokens, ratio_interval, render
 from ovspec.bench.npu.runner import NpuCase
 from ovspec.errors import BadRequestError
 
@@ -83,3 +85,21 @@ def test_a_case_names_what_it_adds_to_the_properties_every_arm_shares() -> None:
     )
     assert "`NPUW_FOLD=NO`" in added
     assert _case_properties({"properties": shared}, shared) == ""
+
+
+def test_one_pair_of_a_timed_figure_decides_nothing() -> None:
+    def first_token(run: Mapping[str, Any]) -> float:
+        return float(run["first_token_s"])
+
+    one = [
+        {"arm": "genai-npu", "repetition": 0, "first_token_s": 2.0},
+        {"arm": "ovspec-npu", "repetition": 0, "first_token_s": 0.5},
+    ]
+    assert ratio_interval(one, "genai-npu", first_token) is None
+    two = [
+        *one,
+        {"arm": "genai-npu", "repetition": 1, "first_token_s": 4.0},
+        {"arm": "ovspec-npu", "repetition": 1, "first_token_s": 1.0},
+    ]
+    interval = ratio_interval(two, "genai-npu", first_token)
+    assert interval is not None and interval.low == interval.high == 0.25  # does not vary

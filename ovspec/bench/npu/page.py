@@ -60,7 +60,8 @@ def reserved_peak_tokens(run: Mapping[str, Any], config: Mapping[str, Any]) -> f
 def ratio_interval(runs: Sequence[Mapping[str, Any]], peer: str, metric: Metric) -> Interval | None:
     """ovspec's ``metric`` over ``peer``'s, paired by repetition: the paired-t interval
     of ``common.verdicts``; a figure that does not vary (computed, not timed) is exact,
-    its interval a point. None: fewer than 2 pairs of a varying figure."""
+    its interval a point (one pair cannot show that a figure does not vary). None: fewer
+    than 2 pairs."""
     by_rep: dict[int, dict[str, Mapping[str, Any]]] = {}
     for r in runs:
         by_rep.setdefault(int(r.get("repetition", 0)), {})[r["arm"]] = r
@@ -71,7 +72,7 @@ def ratio_interval(runs: Sequence[Mapping[str, Any]], peer: str, metric: Metric)
             if a and b:
                 pairs.append((a, b))
     ratios = [b / a for a, b in pairs]
-    if ratios and max(ratios) - min(ratios) <= EXACT_RATIO_RTOL * max(ratios):
+    if len(ratios) >= 2 and max(ratios) - min(ratios) <= EXACT_RATIO_RTOL * max(ratios):
         return Interval(ratios[0], ratios[0], ratios[0])
     return paired_ratio(pairs)
 
