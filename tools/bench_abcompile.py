@@ -47,7 +47,8 @@ NPUW_ON_CPU = ["--device", "NPU", "--config", "NPUW_DEVICES=CPU",
 
 def _trials(devices: tuple[str, ...]) -> list[dict[str, Any]]:
     """Each trial of ``devices``: its title, what it shows, and its arms' options."""
-    return [t for d in devices for t in (_cpu_trials() if d == "CPU" else _npu_trials())]
+    sections = dict(zip(DEVICES, (_cpu_trials, _npu_trials), strict=True))
+    return [trial for section in devices for trial in sections[section]()]
 
 
 def _npu_trials() -> list[dict[str, Any]]:
