@@ -209,7 +209,18 @@ class Compiler:
                 "properties": self.profile.key_properties(self._compile_properties),
                 "patch": self.patch_id,
             }
-        return BlobKey.from_values({**self._static_values, "specialization": spec.canonical})
+        values = {**self._static_values, "specialization": spec.canonical}
+        graph = self._graph_properties(spec)
+        if graph:  # only such a graph's key changes
+            assert self._compile_properties is not None
+            values["properties"] = self.profile.key_properties(
+                {**self._compile_properties, **graph}
+            )
+        return BlobKey.from_values(values)
+
+    def _graph_properties(self, spec: Specialization) -> dict[str, str]:
+        assert self._compile_properties is not None
+        return self.profile.graph_properties(spec, self._compile_properties)
 
     # -- build and import ---------------------------------------------------------
 
@@ -448,7 +459,8 @@ class Compiler:
     def _compile_to(self, spec: Specialization, path: Path) -> tuple[float, float, int]:
         self.key(spec)  # completes the compile properties
         assert self._compile_properties is not None
-        compiled, compile_s = self._compile_whole(spec, self._compile_properties)
+        properties = {**self._compile_properties, **self._graph_properties(spec)}
+        compiled, compile_s = self._compile_whole(spec, properties)
         began = time.perf_counter()
         try:
             with path.open("wb") as f:

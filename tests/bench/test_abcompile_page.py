@@ -59,7 +59,7 @@ def test_a_compile_time_difference_is_read_from_its_interval() -> None:
 def test_the_tool_writes_a_page_from_its_trials(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(TOOL), "--model", "builtin:tiny", "--rungs", "32", "--pairs", "2",
-         "--out", str(tmp_path), "--json"],
+         "--devices", "CPU", "--out", str(tmp_path), "--json"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-800:]
@@ -72,3 +72,37 @@ def test_the_tool_writes_a_page_from_its_trials(tmp_path: Path) -> None:
     assert text == pages.render_saved(tmp_path, "ab-compile")
     assert "| decode@32 | 2/2 | 1 | 1 | identical |" in text
     assert "| decode@32 | 0/2 | 1 | 1 | different |" in text
+
+
+def test_the_tool_writes_an_npu_section_from_its_npuw_trials(tmp_path: Path) -> None:
+    """The NPU plugin's trials (NPUW on CPU subdevices): each arm set as asked, on NPU, and
+    both option pairs change the blob (the gate says so in every pair)."""
+    out = subprocess.run(
+        [sys.executable, str(TOOL), "--model", "builtin:tiny", "--rungs", "32", "--pairs", "2",
+         "--devices", "NPU", "--out", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-800:]
+    written = json.loads(out.stdout)
+    results = json.loads(Path(written["results"]).read_text(encoding="utf-8"))
+    headers = [t["header"] for t in results["trials"]]
+    assert [h["device"] for h in headers] == ["NPU", "NPU"]
+    assert headers[0]["arms"]["B"]["config"]["NPUW_FOLD"] == "YES"
+    assert headers[1]["arms"]["B"]["config"]["NPUW_ONLINE_PIPELINE"] == "NONE"
+    text = Path(written["page"]).read_text(encoding="utf-8")
+    assert text == pages.render_saved(tmp_path, "ab-compile")
+    # Unfolded blobs are one per arm; a folded one may vary across processes (the
+    # gate counts its variants): either way no pair's blobs are the same.
+    assert "| decode@32 | 0/2 | 1 | 1 | different |" in text  # the partitioning trial
+    assert text.count("| decode@32 | 0/2 | 1 |") == 2
+
+
+def test_the_tool_refuses_an_unknown_device_in_one_line(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(TOOL), "--devices", "GPU", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines() == [
+        "bench_abcompile: --devices 'GPU': name one or more of CPU, NPU, comma-separated"
+    ]

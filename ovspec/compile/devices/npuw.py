@@ -30,6 +30,7 @@ from ovspec.compile.devices.npu import NpuProfile
 from ovspec.compile.devices.profile import device_family
 from ovspec.compile.modes import BlobMode, blob_compile_properties
 from ovspec.errors import DeviceError, arg
+from ovspec.ir.specialize import Phase, Specialization
 
 NPUW_DEVICES = "NPUW_DEVICES"
 USE_NPUW = "NPU_USE_NPUW"
@@ -47,6 +48,9 @@ ENABLE_WEIGHTLESS = "ENABLE_WEIGHTLESS"
 # by address: not reproducible across imports here, docs/npu.md); the name is written
 # into the blob, and an import joins the bank the blob names.
 WEIGHTS_BANK = "NPUW_WEIGHTS_BANK"
+# One partition (genai's BEST_PERF generate graph): on CPU subdevices a prompt graph
+# compiles in about half the time and its prompt runs 2-3x faster (docs/npu.md).
+ONLINE_PIPELINE = "NPUW_ONLINE_PIPELINE"
 
 
 def _npuw_option(name: str) -> bool:
@@ -105,6 +109,17 @@ class NpuwProfile(NpuProfile):
         if FOLD not in properties:
             props.update({FOLD: "YES", FUNCALL_FOR_ALL: "YES"})
         return props
+
+    def graph_properties(
+        self, spec: Specialization, properties: Mapping[str, str]
+    ) -> dict[str, str]:
+        """A prompt graph that does not fold is one partition, unless the user chose: the
+        step graphs keep NPUW's partitions (one partition made ovspec's steps 3x slower
+        in a one-ahead run, unexplained: docs/npu.md); folding needs the partitions."""
+        unfolded = properties.get(FOLD, "").upper() in ("NO", "FALSE")
+        if spec.phase is Phase.PREFILL and unfolded and ONLINE_PIPELINE not in properties:
+            return {ONLINE_PIPELINE: "NONE"}
+        return {}
 
     def shared_weights_properties(self, weights_digest: str) -> dict[str, str]:
         """One bank per weights file: a bank tells its tensors apart only by what tells them

@@ -27,6 +27,7 @@ from ovspec.compile.devices.facts import (
 from ovspec.compile.modes import BlobMode, LoadMode, blob_compile_properties
 from ovspec.errors import DeviceError
 from ovspec.ir.rewrites import GraphRewrite, RewriteSet
+from ovspec.ir.specialize import Specialization
 
 # Neutral by construction on every device: profiling, logging and cache plumbing.
 ALWAYS_NEUTRAL = frozenset({"PERF_COUNT", "LOG_LEVEL", "CACHE_DIR"})
@@ -106,6 +107,13 @@ class DeviceProfile:
         """The compile properties (beyond ``properties``, which win) that make the device
         export a blob of ``mode``; in keys, as they change the blob."""
         return blob_compile_properties(mode)
+
+    def graph_properties(
+        self, spec: Specialization, properties: Mapping[str, str]
+    ) -> dict[str, str]:
+        """Compile properties of one specialization's graph beyond ``properties`` (its
+        blob's compile properties); in that graph's key (none, for most devices)."""
+        return {}
 
     def shared_weights_properties(self, weights_digest: str) -> dict[str, str]:
         """Compile properties that let the graphs of one model share one copy of its
