@@ -1,7 +1,9 @@
 """One arm of the chat benchmark in a fresh process: a JSON request on argv, one JSON
 result on stdout. ``ovspec``: a ``Conversation`` on the paged path, then a second one that
 starts from the prefix cache, then a cold prefill of the system prompt alone; ``genai``:
-``LLMPipeline`` in chat mode (start_chat, generate per turn, finish_chat).
+``LLMPipeline`` on its default CPU backend given the whole conversation's token ids each
+turn (that backend keeps no history for token ids: its prefix cache keeps the earlier
+turns' KV, as for its ``ChatHistory`` chat).
 """
 
 from __future__ import annotations
@@ -101,16 +103,26 @@ def _genai(request: dict[str, Any]) -> dict[str, Any]:
         def end(self) -> None:
             pass
 
-    pipe.start_chat()
+    # start_chat() does not help here: with token ids, genai's continuous-batching backend
+    # answers each generate() as a new request and keeps no history, so a turn given only
+    # its own ids would be answered without the conversation. The whole conversation goes
+    # in; its prefix cache (on by default) finds the earlier turns' blocks.
+    history: list[int] = []
     for ids in _turns(request):
-        array = np.array(ids, dtype=np.int64)[None]
+        history += ids
+        array = np.array(history, dtype=np.int64)[None]
         inputs = openvino_genai.TokenizedInputs(ov.Tensor(array), ov.Tensor(np.ones_like(array)))
         streamer = FirstToken()
         out = pipe.generate(inputs, config, streamer=streamer)
+        answer = [int(t) for t in out.tokens[0]]
+        history += answer
         turns.append(
-            {"first_token_s": streamer.first_s, "token_ids": [int(t) for t in out.tokens[0]]}
+            {
+                "first_token_s": streamer.first_s,
+                "prompt_tokens": int(array.shape[1]),
+                "token_ids": answer,
+            }
         )
-    pipe.finish_chat()
     return {"turns": turns}
 
 
