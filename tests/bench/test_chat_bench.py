@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ovspec.bench.chat.page import render, verdict
+from ovspec.bench.chat.page import first_differences, render, verdict
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,3 +80,16 @@ def test_verdicts_follow_the_interval_bound() -> None:
     assert verdict([1.5, 1.52, 1.51], 1.0) == "missed"
     assert verdict([0.5, 1.5], 1.0) == "undecided"
     assert verdict([0.5], 1.0).startswith("undecided")
+
+
+def test_the_first_difference_is_found_per_repetition() -> None:
+    def run(*answers: list[int]) -> dict[str, object]:
+        return {"turns": [{"token_ids": a} for a in answers]}
+
+    results = {
+        "runs": {
+            "ovspec": [run([1, 2], [3, 4]), run([1, 2], [3, 4]), run([1, 2], [3, 4, 5])],
+            "genai": [run([1, 2], [3, 9]), run([1, 2], [3, 4]), run([1, 2], [3, 4])],
+        }
+    }
+    assert first_differences(results) == [(2, 2), (2, 3)]
