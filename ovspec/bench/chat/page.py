@@ -18,9 +18,9 @@ TTFT_TARGET = 1.0  # ovspec's first token per turn, from turn 2 on, over genai's
 PREFIX_TARGET = 0.2  # a prefix hit's first token over a cold prefill of the system prompt
 GENAI_ARM = (
     "`LLMPipeline` (its default CPU backend: continuous batching, prefix cache on) given the "
-    "whole conversation's token ids each turn; that backend keeps no history for token ids, "
-    "its prefix cache finds the earlier turns' KV blocks and it prefills the rest (the part "
-    "past the last whole cached block)."
+    "whole conversation's token ids each turn; that backend keeps no history for token ids: "
+    "its prefix cache finds the earlier turns' KV blocks and it prefills what they do not "
+    "hold."
 )
 GENAI_ARM_BEFORE = (
     "`LLMPipeline` start_chat / generate(this turn's token ids) / finish_chat. Its default "
@@ -118,10 +118,10 @@ def _differences(found: Sequence[tuple[int, int]]) -> str:
         return "."
     where = ", ".join(f"turn {t} token {k}" for t, k in sorted(set(found)))
     return (
-        f"; first different token: {where}. Both arms are given the same tokens but split "
-        "them into different calls (genai prefills from its last whole cached block, "
-        "ovspec a turn's own tokens), and a call reads earlier calls' K/V rounded to the u8 "
-        "cache, which can flip a greedy near-tie; from there each arm's history holds its "
+        f"; first different token: {where}. Both arms are given the same tokens; where "
+        "they split them into different calls (genai prefills from where its cached blocks "
+        "end, ovspec a turn's own tokens), a call reads earlier calls' K/V rounded to the "
+        "u8 cache, which can flip a greedy near-tie; from there each arm's history holds its "
         "own answers, so its later turns differ too."
     )
 
