@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ovspec.bench.chat.page import render, verdict
+from ovspec.bench.chat.page import first_differences, render, verdict
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,10 +58,21 @@ def test_bench_chat_runs_both_arms_and_renders_its_page(qwen2_dir: Path, tmp_pat
     assert [t["prefilled_tokens"] for t in ours["turns"]] == [48, 9, 9]
     assert all(t["earlier_refed_tokens"] == 0 for t in ours["turns"])
     assert ours["prefix_hit_reused_tokens"] == 40
+    # genai is given the whole conversation each turn (it keeps no history for token ids)
+    # and so answers as ovspec does, turn after turn (greedy, the same IR).
+    theirs = results["runs"]["genai"][0]
+    assert [t["prompt_tokens"] for t in theirs["turns"]] == [48, 48 + 5 + 8, 48 + 2 * (5 + 8)]
+    assert [t["token_ids"] for t in theirs["turns"]] == [t["token_ids"] for t in ours["turns"]]
     assert "bench_chat.py" in document["command"]
     page = (out / "chat.md").read_text()
     assert page == render(document)
     assert "| tokens of earlier turns prefilled again | 0 | 0 | met |" in page
+    assert "not comparable" not in page
+    # Results from before genai was given the history: its first token is not judged.
+    for run in results["runs"]["genai"]:
+        for turn in run["turns"]:
+            del turn["prompt_tokens"]
+    assert "| <= 1.0 | not comparable |" in render(document)
 
 
 def test_verdicts_follow_the_interval_bound() -> None:
@@ -69,3 +80,16 @@ def test_verdicts_follow_the_interval_bound() -> None:
     assert verdict([1.5, 1.52, 1.51], 1.0) == "missed"
     assert verdict([0.5, 1.5], 1.0) == "undecided"
     assert verdict([0.5], 1.0).startswith("undecided")
+
+
+def test_the_first_difference_is_found_per_repetition() -> None:
+    def run(*answers: list[int]) -> dict[str, object]:
+        return {"turns": [{"token_ids": a} for a in answers]}
+
+    results = {
+        "runs": {
+            "ovspec": [run([1, 2], [3, 4]), run([1, 2], [3, 4]), run([1, 2], [3, 4, 5])],
+            "genai": [run([1, 2], [3, 9]), run([1, 2], [3, 4]), run([1, 2], [3, 4])],
+        }
+    }
+    assert first_differences(results) == [(2, 2), (2, 3)]
