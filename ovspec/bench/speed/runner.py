@@ -334,18 +334,7 @@ def run_speed(
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ovspec-speed-") as scratch:
         folder = Path(scratch)
-        for label, warm in kept.items():  # prime the warm stores (not measured)
-            say(f"priming {label}")
-            _spawn(request(by_label[label].arm, warm), folder, by_label[label].tree)
-        for label in [x for x in by_label if x not in kept] if config.warm_up else []:
-            say(f"warming up {label}")
-            arm, tree = by_label[label].arm, by_label[label].tree
-            python = config.llamacpp_python if arm.runner == "llamacpp" else None
-            scratch_store = folder / f"warm-up-{label}" if arm.store == "fresh" else None
-            short = dataclasses.replace(request(arm, scratch_store), new_tokens=WARM_UP_NEW_TOKENS)
-            _spawn(short, folder, tree, python)
-            if scratch_store is not None:
-                shutil.rmtree(scratch_store, ignore_errors=True)
+        _prime_and_warm_up(config, by_label, kept, request, folder, say)
         labels = list(by_label)
         side = [x for x in labels if x in config.side_arms]
         for rep in range(config.repetitions):
@@ -388,6 +377,33 @@ def run_speed(
         # recomputable from them).
         "runs": [_slim(run) for run in runs],
     }
+
+
+def _prime_and_warm_up(
+    config: SpeedConfig,
+    by_label: Mapping[str, ArmRun],
+    kept: Mapping[str, Path],
+    request: Callable[[Arm, Path | None], ArmRequest],
+    folder: Path,
+    say: Callable[[str], None],
+) -> None:
+    """Prime the kept stores with a full run each (every rung's blob; not measured), and
+    with ``warm_up`` give every other arm a short discarded run. A paged arm keeps no
+    blobs: with warm-ups on, its short run is all it gets."""
+    paged = {x for x in kept if config.warm_up and by_label[x].arm.load_mode == "paged"}
+    primed = [x for x in kept if x not in paged]
+    for label in primed:
+        say(f"priming {label}")
+        _spawn(request(by_label[label].arm, kept[label]), folder, by_label[label].tree)
+    for label in [x for x in by_label if x not in primed] if config.warm_up else []:
+        say(f"warming up {label}")
+        arm, tree = by_label[label].arm, by_label[label].tree
+        python = config.llamacpp_python if arm.runner == "llamacpp" else None
+        scratch = folder / f"warm-up-{label}"
+        store = kept.get(label) or (scratch if arm.store == "fresh" else None)
+        short = dataclasses.replace(request(arm, store), new_tokens=WARM_UP_NEW_TOKENS)
+        _spawn(short, folder, tree, python)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _slim(run: Mapping[str, Any]) -> dict[str, Any]:
