@@ -4,7 +4,7 @@ the 0.5B-shaped preset, a 3,000-token real-text prompt through a ladder to 8K, o
 paged path against genai's default backend and llama.cpp, side by side in one run.
 Regenerates docs/benchmarks/long-context.md and docs/benchmarks/results/long-context.json:
 
-    python tools/bench_long.py --llamacpp-python /path/to/venv/bin/python   # ~45 min quiet
+    python tools/bench_long.py --llamacpp-python /path/to/venv/bin/python   # ~26 min quiet
     python tools/bench_long.py --cases smollm2-128 --repetitions 2 --out /tmp/long  # a try
 """
 
@@ -38,6 +38,14 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
     help="Repetitions the side peers (genai-sdpa, llama.cpp) run in.",
 )
 @click.option(
+    "--chunk",
+    "chunk_tokens",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="ovspec's prefill chunk (its --chunk); genai prefills the prompt in one call.",
+)
+@click.option(
     "--work-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_MODELS_DIR.parent / "long",
@@ -61,6 +69,7 @@ def main(
     cases: str,
     repetitions: int,
     side_repetitions: int,
+    chunk_tokens: int,
     work_dir: Path,
     llamacpp_python: Path | None,
     out: Path,
@@ -77,6 +86,7 @@ def main(
             EXACT_CPU_PROPERTIES,
             llamacpp_python=llamacpp_python,
             side_repetitions=side_repetitions,
+            prefill_chunk_tokens=chunk_tokens,
             on_progress=lambda m: click.echo(f"bench_long: {m}", err=True),
         )
     results["command"] = shlex.join(["python", "tools/bench_long.py", *sys.argv[1:]])
