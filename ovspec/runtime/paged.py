@@ -50,8 +50,8 @@ class BlockKV:
     ``reserved_tokens`` (at most the capacity) holds fewer blocks where the sequence
     cannot fill its rung. With ``ceiling_tokens`` (the most it may ever reserve) and a
     kernel that maps pages, each array is a view of an address range reserved up to the
-    ceiling whose pages commit on first write: growing widens the views, no byte copied;
-    otherwise growing copies the live blocks into new arrays once."""
+    ceiling whose pages (huge where the kernel gives them) commit on first write: growing
+    widens the views, no byte copied; otherwise growing copies the live blocks once."""
 
     def __init__(
         self,
@@ -68,8 +68,10 @@ class BlockKV:
         self._regions: dict[str, vmem.Region] = {}
         if ceiling_tokens is not None and vmem.unsupported_reason() is None:
             blocks = math.ceil(max(ceiling_tokens, self.reserved_tokens) / BLOCK_TOKENS)
+            # Huge pages: a decode step reads every live block of every layer.
             self._regions = {
-                name: vmem.Region(blocks * self._block_bytes(name)) for name in layouts
+                name: vmem.Region(blocks * self._block_bytes(name), huge_pages=True)
+                for name in layouts
             }
         self._arrays = self._allocate(self.reserved_tokens)
 
