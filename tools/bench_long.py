@@ -4,7 +4,7 @@ the 0.5B-shaped preset, a 3,000-token real-text prompt through a ladder to 8K, o
 paged path against genai's default backend and llama.cpp, side by side in one run.
 Regenerates docs/benchmarks/long-context.md and docs/benchmarks/results/long-context.json:
 
-    python tools/bench_long.py --llamacpp-python /path/to/venv/bin/python   # ~45 min quiet
+    python tools/bench_long.py --llamacpp-python /path/to/venv/bin/python   # ~26 min quiet
     python tools/bench_long.py --cases smollm2-128 --repetitions 2 --out /tmp/long  # a try
 """
 
@@ -29,7 +29,22 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--cases", default=",".join(CASES), show_default=True, help="Comma list.")
-@click.option("--repetitions", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--repetitions", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--side-repetitions",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Repetitions the side peers (genai-sdpa, llama.cpp) run in.",
+)
+@click.option(
+    "--chunk",
+    "chunk_tokens",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="ovspec's prefill chunk (its --chunk); genai prefills the prompt in one call.",
+)
 @click.option(
     "--work-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -51,7 +66,13 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
     help="Where long-context.md and results/long-context.json go.",
 )
 def main(
-    cases: str, repetitions: int, work_dir: Path, llamacpp_python: Path | None, out: Path
+    cases: str,
+    repetitions: int,
+    side_repetitions: int,
+    chunk_tokens: int,
+    work_dir: Path,
+    llamacpp_python: Path | None,
+    out: Path,
 ) -> None:
     with tool_errors("bench_long"):
         names = [c.strip() for c in cases.split(",") if c.strip()]
@@ -64,6 +85,8 @@ def main(
             repetitions,
             EXACT_CPU_PROPERTIES,
             llamacpp_python=llamacpp_python,
+            side_repetitions=side_repetitions,
+            prefill_chunk_tokens=chunk_tokens,
             on_progress=lambda m: click.echo(f"bench_long: {m}", err=True),
         )
     results["command"] = shlex.join(["python", "tools/bench_long.py", *sys.argv[1:]])

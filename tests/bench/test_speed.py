@@ -20,6 +20,7 @@ from ovspec.bench.speed.runner import (
     _spawn,
     arm_module,
     materialize,
+    run_order,
     run_speed,
 )
 from ovspec.bench.speed.stats import band_ms, boundary_steps_ms, paired_band_ratios
@@ -157,6 +158,19 @@ def test_paired_ratios_cancel_a_drift_shared_within_a_repetition() -> None:
     # A band nobody reached, or one repetition only, gives no interval.
     assert paired_band_ratios(runs, "ovspec-eager", 2, [(50, 60)])["50-60"] is None
     assert paired_band_ratios(runs[:2], "ovspec-eager", 2, [(2, 6)])["2-6"] is None
+
+
+def test_the_compared_runs_of_a_repetition_are_adjacent_and_take_turns_first() -> None:
+    labels = ["genai", "ovspec-paged", "genai-sdpa", "llama.cpp"]
+    side = ["genai-sdpa", "llama.cpp"]
+    orders = [run_order(labels, rep, side) for rep in range(4)]
+    for order in orders:
+        at = sorted(order.index(a) for a in ("genai", "ovspec-paged"))
+        assert at[1] - at[0] == 1 and sorted(order) == sorted(labels)
+    firsts = [next(a for a in o if a not in side) for o in orders]
+    assert firsts.count("genai") == firsts.count("ovspec-paged") == 2
+    # No side arms: three arms take every order in six repetitions.
+    assert len({tuple(run_order(["a", "b", "c"], rep)) for rep in range(6)}) == 6
 
 
 def test_config_refuses_what_cannot_run(tmp_path: Path) -> None:

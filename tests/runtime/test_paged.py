@@ -22,9 +22,10 @@ from ovspec.compile.split import usable_cores
 from ovspec.errors import BadRequestError, ModelError
 from ovspec.ir.paged import KEY_CACHE_PREFIX, paged_model
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.runtime import vmem
 from ovspec.runtime.decoding import decode, open_rungs
 from ovspec.runtime.loader import EventKind
-from ovspec.runtime.paged import BLOCK_TOKENS, PagedLoader
+from ovspec.runtime.paged import BLOCK_TOKENS, BlockKV, PagedLoader
 
 
 def test_greedy_tokens_and_logits_are_the_stateful_references(
@@ -49,11 +50,18 @@ def test_greedy_tokens_and_logits_are_the_stateful_references(
     assert worst < 1e-4
     prefill_calls = [s for s in result.steps if s.prefill]
     assert [s.new_tokens for s in prefill_calls] == [5, 5, 5, 1]
-    # One graph, compiled once; the KV grew at each boundary by copying its live blocks.
+    # One graph, compiled once; the KV grew at each boundary in place (its range was
+    # reserved up to the request's reach), or, where pages cannot be mapped, by copying
+    # its live blocks.
     assert [e.kind for e in result.events].count(EventKind.COMPILED) == 1
     assert result.rungs == (32, 64, 128) and result.kv_layout == "paged"
+    assert result.boundaries
     for boundary in result.boundaries:
         migration = boundary.migration
+        if vmem.unsupported_reason() is None:
+            assert migration.copied_bytes == 0
+            assert migration.peak_reserved_bytes == migration.allocated_bytes
+            continue
         live_blocks = math.ceil(migration.live_tokens / BLOCK_TOKENS)
         total_blocks = math.ceil(migration.from_capacity_tokens / BLOCK_TOKENS)
         old_bytes = migration.peak_reserved_bytes - migration.allocated_bytes
@@ -65,6 +73,27 @@ def test_greedy_tokens_and_logits_are_the_stateful_references(
     reachable_blocks = math.ceil((prompt_len + 64 - 1) / BLOCK_TOKENS)
     assert reachable_blocks < 128 // BLOCK_TOKENS
     assert result.reserved_kv[-1][1] == per_block * reachable_blocks
+
+
+@pytest.mark.parametrize("ceiling_tokens", [None, 256])
+def test_block_kv_grows_in_place_under_its_ceiling_else_by_copying(
+    ceiling_tokens: int | None,
+) -> None:
+    layouts = {"key_cache.0": (ov.Shape([2, BLOCK_TOKENS, 4]), ov.Type.f32)}
+    kv = BlockKV(layouts, 64, ceiling_tokens=ceiling_tokens)
+    before = kv.arrays()["key_cache.0"]
+    before[:2] = np.arange(before[:2].size, dtype=np.uint8).reshape(2, -1)
+    kv.live_tokens = 2 * BLOCK_TOKENS
+    migration = kv.grow(128, 100)
+    after = kv.arrays()["key_cache.0"]
+    assert len(after) == math.ceil(100 / BLOCK_TOKENS) and kv.reserved_tokens == 100
+    assert np.array_equal(after[:2], before[:2])  # the live blocks kept
+    in_place = ceiling_tokens is not None and vmem.unsupported_reason() is None
+    assert (after.ctypes.data == before.ctypes.data) is in_place
+    assert migration.copied_bytes == (0 if in_place else before[:2].nbytes)
+    kv.grow(512)  # past the ceiling: copied into new arrays
+    assert np.array_equal(kv.arrays()["key_cache.0"][:2], before[:2])
+    kv.close()
 
 
 def test_the_kv_arrays_take_the_type_the_compiled_graph_chose(

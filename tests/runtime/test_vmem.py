@@ -8,6 +8,7 @@ import gc
 import os
 import struct
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -194,3 +195,24 @@ def test_present_bytes_estimates_a_large_mapping_from_samples(tmp_path: object) 
     assert half is not None and abs(half - size // 2) <= size // vmem.PRESENCE_SAMPLES
     _touch(mapping)
     assert vmem.present_bytes(addr, size) == size
+
+
+def _vm_flags(addr: int) -> list[str]:
+    """The VmFlags of the mapping starting at ``addr`` (this process's smaps)."""
+    entry = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split(" ")[0] and not line.startswith("VmFlags"):
+            entry = int(line.split("-")[0], 16)
+        elif line.startswith("VmFlags") and entry == addr:
+            return line.split()[1:]
+    raise AssertionError(f"no mapping starts at {addr:#x}")
+
+
+def test_a_region_asks_for_huge_pages_only_when_told() -> None:
+    plain, huge = vmem.Region(4 << 20), vmem.Region(4 << 20, huge_pages=True)
+    assert "nh" in _vm_flags(plain.addr) and "hg" not in _vm_flags(plain.addr)
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").exists()
+    assert ("hg" in _vm_flags(huge.addr)) is thp  # a kernel without THP refuses the hint
+    assert "nh" not in _vm_flags(huge.addr)
+    plain.release()
+    huge.release()

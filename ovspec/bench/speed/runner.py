@@ -1,13 +1,15 @@
 """The speed benchmark: ovspec's loader against openvino-genai's ``LLMPipeline`` on the
 same IR, device and exact properties, side by side in one run.
 
-Owns the plan (arms, interleaved rounds with the order rotated and reversed, a fresh
-process per run via ``speed.arm``) and one run's results: every run's token times and
-ids, memory peaks and loads, kept whole; ``speed.page`` computes every figure from them.
+Owns the plan (arms, interleaved rounds with the order rotated and reversed, side peers
+outside the compared runs, optional warm-ups, a fresh process per run via ``speed.arm``)
+and one run's results: every run's token times and ids, memory peaks and loads, kept
+whole; ``speed.page`` computes every figure from them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import shutil
@@ -15,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -161,6 +163,14 @@ class SpeedConfig:
     against: Path | None = None
     # The interpreter with llama-cpp-python installed (the llama.cpp arm runs under it).
     llamacpp_python: Path | None = None
+    # Side peers: arms shown beside the ratios but in none of them, run only in the first
+    # ``side_repetitions`` repetitions (all when None) and never between a repetition's
+    # genai and ovspec runs.
+    side_arms: tuple[str, ...] = ()
+    side_repetitions: int | None = None
+    # A discarded run of every arm without a kept store (``WARM_UP_NEW_TOKENS`` tokens)
+    # before the repetitions: no arm's first measured run is its first read of the files.
+    warm_up: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt_ids:
@@ -201,6 +211,23 @@ class SpeedConfig:
         """Live-context bands: the prompt to the first rung, then rung to rung."""
         edges = [self.prompt_tokens, *[c for c in self.ladder if c > self.prompt_tokens]]
         return list(itertools.pairwise(edges))
+
+
+WARM_UP_NEW_TOKENS = 2
+
+
+def run_order(labels: Sequence[str], rep: int, side: Sequence[str] = ()) -> list[str]:
+    """Repetition ``rep``'s order: the compared arms (``labels`` not in ``side``) rotated
+    by ``rep // 2`` and reversed on odd repetitions, so each comes first and last alike
+    (two arms: ABBA; rotating by ``rep`` would undo the reversal and keep one first);
+    the side arms after them on even repetitions, before them on odd ones."""
+    pair = [x for x in labels if x not in side]
+    turn = rep // 2 % len(pair) if pair else 0
+    order = pair[turn:] + pair[:turn]
+    rest = [x for x in labels if x in side]
+    if rep % 2:
+        return rest + order[::-1]
+    return order + rest
 
 
 def materialize(model: str, work_dir: Path) -> Path:
@@ -307,14 +334,12 @@ def run_speed(
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ovspec-speed-") as scratch:
         folder = Path(scratch)
-        for label, warm in kept.items():  # prime the warm stores (not measured)
-            say(f"priming {label}")
-            _spawn(request(by_label[label].arm, warm), folder, by_label[label].tree)
+        _prime_and_warm_up(config, by_label, kept, request, folder, say)
         labels = list(by_label)
+        side = [x for x in labels if x in config.side_arms]
         for rep in range(config.repetitions):
-            order = labels[rep % len(labels) :] + labels[: rep % len(labels)]
-            if rep % 2:
-                order.reverse()
+            skip = config.side_repetitions is not None and rep >= config.side_repetitions
+            order = run_order([x for x in labels if not (skip and x in side)], rep, side)
             for label in order:
                 arm, tree = by_label[label].arm, by_label[label].tree
                 fresh = folder / f"fresh-{rep}-{label}"
@@ -333,6 +358,9 @@ def run_speed(
             "new_tokens": config.new_tokens,
             "repetitions": config.repetitions,
             "prefill_chunk_tokens": config.prefill_chunk_tokens,
+            "side_arms": list(config.side_arms),
+            "side_repetitions": config.side_repetitions,
+            "warm_up_new_tokens": WARM_UP_NEW_TOKENS if config.warm_up else 0,
             "own_bytecode": own_bytecode,
             # A list, not a mapping: the saved results sort mapping keys.
             "arms": [
@@ -349,6 +377,33 @@ def run_speed(
         # recomputable from them).
         "runs": [_slim(run) for run in runs],
     }
+
+
+def _prime_and_warm_up(
+    config: SpeedConfig,
+    by_label: Mapping[str, ArmRun],
+    kept: Mapping[str, Path],
+    request: Callable[[Arm, Path | None], ArmRequest],
+    folder: Path,
+    say: Callable[[str], None],
+) -> None:
+    """Prime the kept stores with a full run each (every rung's blob; not measured), and
+    with ``warm_up`` give every other arm a short discarded run. A paged arm keeps no
+    blobs: with warm-ups on, its short run is all it gets."""
+    paged = {x for x in kept if config.warm_up and by_label[x].arm.load_mode == "paged"}
+    primed = [x for x in kept if x not in paged]
+    for label in primed:
+        say(f"priming {label}")
+        _spawn(request(by_label[label].arm, kept[label]), folder, by_label[label].tree)
+    for label in [x for x in by_label if x not in primed] if config.warm_up else []:
+        say(f"warming up {label}")
+        arm, tree = by_label[label].arm, by_label[label].tree
+        python = config.llamacpp_python if arm.runner == "llamacpp" else None
+        scratch = folder / f"warm-up-{label}"
+        store = kept.get(label) or (scratch if arm.store == "fresh" else None)
+        short = dataclasses.replace(request(arm, store), new_tokens=WARM_UP_NEW_TOKENS)
+        _spawn(short, folder, tree, python)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _slim(run: Mapping[str, Any]) -> dict[str, Any]:
