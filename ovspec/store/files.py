@@ -117,6 +117,17 @@ def map_verified(entry: StoreEntry) -> tuple[Verdict, mmap.mmap | None]:
     return Verdict.OK, mapping
 
 
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """At most ``max_bytes`` of the regular file at ``path``, never through a link
+    (ELOOP) and never blocking on a FIFO (O_NONBLOCK): anything else raises OSError
+    (EISDIR for a folder, a device or a FIFO)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IsADirectoryError(errno.EISDIR, "not a regular file", str(path))
+        return f.read(max_bytes)
+
+
 class EntryFiles:
     """Payload and sidecar operations under one store layout. The caller holds the key's
     lock for anything that changes files. Payloads and sidecars are opened with
@@ -129,17 +140,14 @@ class EntryFiles:
     def read_sidecar(self, hex_: str) -> StoreEntry | None:
         """The sidecar of ``hex_``; None if absent. ValueError if malformed (or not a
         regular file)."""
-        path = self.layout.sidecar_path(hex_)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            raw = read_regular_file(self.layout.sidecar_path(hex_), 1 << 20)
         except FileNotFoundError:
             return None
+        except IsADirectoryError as exc:
+            raise ValueError("sidecar is not a regular file") from exc
         except OSError as exc:
             raise ValueError(f"sidecar cannot be read as a file ({exc.strerror})") from exc
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ValueError("sidecar is not a regular file")
-            raw = f.read(1 << 20)
         try:
             obj = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -17,7 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ovspec.store.files import read_regular_file
+
 FILE_NAME = "step-times.json"
+# A shared store is not trusted: a link, FIFO or huge file there is not read.
+MAX_FILE_BYTES = 8 << 20
 KEPT_RUNS = 5  # per key: the median of the last few runs, so one hiccup does not steer
 
 
@@ -38,7 +42,7 @@ def _path(store_root: Path) -> Path:
 def _read(store_root: Path) -> dict[str, Any]:
     """The file's records; empty when absent or unreadable (a history, not the store)."""
     try:
-        data = json.loads(_path(store_root).read_text(encoding="utf-8"))
+        data = json.loads(read_regular_file(_path(store_root), MAX_FILE_BYTES))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

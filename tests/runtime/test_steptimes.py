@@ -4,6 +4,7 @@ from what the first recorded (a real tiny model and store)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,16 @@ def test_a_damaged_record_is_no_history(tmp_path: Path) -> None:
     assert read_step_times(tmp_path) == {}
     record_step_times(tmp_path, {"ab": ("decode@64", 0.002, 0.0), "cd": ("x", float("nan"), 0)})
     assert list(read_step_times(tmp_path)) == ["ab"]  # rewritten whole; no NaN kept
+
+
+def test_a_link_or_fifo_in_its_place_is_not_read(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"ab": {"label": "x", "decode_s_per_token": [0.5]}}')
+    (tmp_path / "step-times.json").symlink_to(target)
+    assert read_step_times(tmp_path) == {}  # a link is not followed
+    (tmp_path / "step-times.json").unlink()
+    os.mkfifo(tmp_path / "step-times.json")
+    assert read_step_times(tmp_path) == {}  # returns at once: a FIFO is never opened blocking
 
 
 def run_auto(model: Path, store: Store) -> AutoLoader:
