@@ -34,6 +34,7 @@ from ovspec.compile.halves import CompiledGraph, compile_halves
 from ovspec.compile.modes import BlobMode, LoadMode
 from ovspec.compile.preparing import PreparedModel
 from ovspec.compile.programs import BuildOutcome, Program
+from ovspec.compile.sharedhead import HEAD_SPECIALIZATION, SharedHead
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression, CompressionMode
 from ovspec.ir.model_dir import ModelDir
@@ -127,6 +128,7 @@ class Compiler:
         # Builds each blob elsewhere into the store (the device/host split's host
         # process); this compiler imports what it published.
         self.delegate = delegate
+        self.head = SharedHead(self)  # the LM head of graphs cut by the shared-head rewrite
 
     # -- the dynamic graph, prepared once -----------------------------------------
 
@@ -217,6 +219,12 @@ class Compiler:
                 {**self._compile_properties, **graph}
             )
         return BlobKey.from_values(values)
+
+    def head_key(self) -> BlobKey:
+        """The shared LM head's key: the graphs' components, a specialization of its own."""
+        self.key(Specialization.decode(1))  # completes the static values
+        assert self._static_values is not None
+        return BlobKey.from_values({**self._static_values, "specialization": HEAD_SPECIALIZATION})
 
     def _graph_properties(self, spec: Specialization) -> dict[str, str]:
         assert self._compile_properties is not None
@@ -326,7 +334,7 @@ class Compiler:
         COMPILE: compile the specialization (or reuse its rung's graph) from the IR; with
         ``halves`` as two halves side by side (``compile/halves.py``; IMPORT ignores it)."""
         if self.load_mode is LoadMode.COMPILE:
-            return self._compile_program(spec, halves)
+            return self.head.attach(self._compile_program(spec, halves))
         host = None
         if self.delegate is not None:  # the delegate publishes; the import below hits
             host = self.delegate.build(spec)
@@ -342,7 +350,7 @@ class Compiler:
                 host_s=host.host_s,
             )
             program = dataclasses.replace(program, build=build)
-        return program
+        return self.head.attach(program)
 
     def import_properties(self) -> dict[str, Any]:
         """What import needs: the runtime config (blobs do not carry it) and, for a
