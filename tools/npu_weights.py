@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """How often the NPU path (NPUW on CPU subdevices) holds a model's weights: for a ladder
-of rungs against its top rung alone, the store's blob bytes and the peak RSS of a fresh
-process that imports every rung's decode graph and runs each once. Three arms: full blobs
+of rungs against its top rung alone, the store's blob bytes (the rungs' and the shared LM
+head's) and the peak RSS of a fresh process that imports every rung's decode graph and runs
+each once. Three arms: full blobs
 (the weights in each), weightless blobs naming the model's one weights bank (the profile's
 default), and weightless blobs with a bank per rung (the control: what the bank saves).
 Prints the figures and writes docs/benchmarks/npu-weights.md with its raw samples
@@ -68,8 +69,10 @@ def compiler(capacity):
                                   blob_mode=BlobMode(mode))
     return compilers[key]
 if action == "build":
-    print(json.dumps({"blob_bytes": [compiler(c).build(Specialization.decode(c)).blob_bytes
-                                     for c in json.loads(capacities)]}))
+    built = [compiler(c).build(Specialization.decode(c)).blob_bytes
+             for c in json.loads(capacities)]
+    heads = [c.head.build() or 0 for c in compilers.values()]  # the shared LM head's blobs
+    print(json.dumps({"blob_bytes": built, "head_bytes": sum(heads)}))
     sys.exit(0)
 programs, rss = [], []
 for capacity in json.loads(capacities):
@@ -127,7 +130,8 @@ def main(model: str, ladder: str, out: Path) -> None:
     print(f"{model}: .bin {bin_bytes / mib:.1f} MiB; decode rungs, NPU with NPUW_DEVICES=CPU")
     print(f"{'arm':<27}{'rungs':>6}{'store MiB':>11}{'peak RSS MiB':>14}{'per rung MiB':>14}")
     for run in runs:
-        stored, peak = sum(run["blob_bytes"]) / mib, run["peak_rss_bytes"] / mib
+        stored = (sum(run["blob_bytes"]) + run["head_bytes"]) / mib
+        peak = run["peak_rss_bytes"] / mib
         after = run["rss_after_rung_bytes"]
         steps = " ".join(f"{(b - a) / mib:.0f}" for a, b in itertools.pairwise(after)) or "-"
         print(f"{run['arm']:<27}{len(run['rungs']):>6}{stored:>11.1f}{peak:>14.0f}  {steps}")

@@ -233,8 +233,11 @@ class Compiler:
     # -- build and import ---------------------------------------------------------
 
     def build(self, spec: Specialization) -> BuildOutcome:
-        """Make sure the blob of ``spec`` is in the store; compile it if it is not."""
+        """Make sure the blob of ``spec`` is in the store (and the LM head's, when the
+        graphs share one); compile it if it is not."""
         outcome, _ = self._build(spec, keep_import=False)
+        if GraphRewrite.SHARED_HEAD in self.rewrites:
+            self.head.build()
         return outcome
 
     def _build(

@@ -22,7 +22,7 @@ from ovspec.compile.modes import LoadMode
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.graph_io import RewriteRefused
 from ovspec.ir.headcut import HIDDEN_OUTPUT, head_model
-from ovspec.store.local import PayloadWriteError, ProducedBlob
+from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob
 
 if TYPE_CHECKING:
     from ovspec.compile.compiler import Compiler
@@ -36,6 +36,10 @@ HEAD_SPECIALIZATION = "lm-head"
 def is_cut(compiled: CompiledGraph) -> bool:
     """Whether ``compiled`` ends at the hidden state (its head cut out)."""
     return any(HIDDEN_OUTPUT in port.names for port in compiled.outputs)
+
+
+class HeadRefused(CompileError):
+    """The model's LM head is not a function of the hidden state alone."""
 
 
 class HeadedCompiledModel:
@@ -132,8 +136,8 @@ class SharedHead:
         try:
             with compiler._llm_lock:  # clones of one model, one at a time
                 model = head_model(llm.model, llm.roles)
-        except RewriteRefused as exc:  # the graphs were cut: a head must exist
-            raise CompileError(f"the LM head cannot be compiled apart: {exc}") from exc
+        except RewriteRefused as exc:
+            raise HeadRefused(f"the LM head cannot be compiled apart: {exc}") from exc
         began = time.perf_counter()
         try:
             compiled = compiler._core.compile_model(model, compiler.device, dict(properties))
@@ -143,7 +147,27 @@ class SharedHead:
             ) from exc
         return compiled, time.perf_counter() - began
 
+    def build(self) -> int | None:
+        """Make sure the head's blob is in the store (IMPORT mode); its bytes. None when
+        the model's head cannot be cut (its graphs were not cut either: same walk)."""
+        try:
+            outcome = self._stored(map_payload=False)
+        except HeadRefused:
+            return None
+        outcome.discard()
+        return outcome.size_bytes
+
     def _through_store(self) -> tuple[ov.CompiledModel, np.ndarray]:
+        outcome = self._stored(map_payload=True)
+        try:
+            if not outcome.hit:
+                self.compile_s = outcome.compile_s
+            mapping = outcome.payload if outcome.payload is not None else map_file(outcome.path)
+            return self._compiler._import(mapping, outcome.path.name)
+        finally:
+            outcome.discard()
+
+    def _stored(self, map_payload: bool) -> BlobOutcome:
         compiler = self._compiler
         key = compiler.head_key()
 
@@ -166,11 +190,4 @@ class SharedHead:
             compiler.import_blob(path)
 
         check = None if compiler.facts.offline else validate
-        outcome = compiler.store.get_or_create(key, produce, validate=check, map_payload=True)
-        try:
-            if not outcome.hit:
-                self.compile_s = outcome.compile_s
-            mapping = outcome.payload if outcome.payload is not None else map_file(outcome.path)
-            return compiler._import(mapping, outcome.path.name)
-        finally:
-            outcome.discard()
+        return compiler.store.get_or_create(key, produce, validate=check, map_payload=map_payload)

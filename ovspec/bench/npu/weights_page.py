@@ -27,6 +27,11 @@ def _steps_mib(run: Mapping[str, Any]) -> str:
     return ", ".join(steps) or "–"
 
 
+def _store_mib(run: Mapping[str, Any]) -> float:
+    """The rungs' blobs and the shared LM head's (results before the cut have none)."""
+    return float(sum(run["blob_bytes"]) + run.get("head_bytes", 0)) / MIB
+
+
 def render(results: Mapping[str, Any]) -> str:
     runs = results["runs"]
     arms = list(dict.fromkeys(r["arm"] for r in runs))
@@ -49,7 +54,10 @@ def render(results: Mapping[str, Any]) -> str:
         "Arms: `full`, blobs carrying their weights; `weightless`, folded blobs naming the "
         "model's one weights bank (ovspec's default on this path); `weightless, bank per "
         "rung`, the same blobs each naming a bank of its own (the control: what sharing the "
-        "bank saves). One run per row; RSS is not a timing, but other jobs shared the "
+        "bank saves). Where the rung graphs end at the final hidden state, the LM head is "
+        "one compiled model per compiler, so one for the ladder (one per rung in the "
+        "control), and a store entry of its own, counted in the store column. One run per "
+        "row; RSS is not a timing, but other jobs shared the "
         f"machine. {env['cpu_model']}, {env['usable_cores']} cores, OpenVINO "
         f"{env['openvino']}, ovspec at {env['git_commit']}, {env['date_utc']}.",
         "",
@@ -58,7 +66,7 @@ def render(results: Mapping[str, Any]) -> str:
     ]
     for run in runs:
         lines.append(
-            f"| {run['arm']} | {len(run['rungs'])} | {sum(run['blob_bytes']) / MIB:.1f} | "
+            f"| {run['arm']} | {len(run['rungs'])} | {_store_mib(run):.1f} | "
             f"{run['peak_rss_bytes'] / MIB:.0f} | {_steps_mib(run)} |"
         )
     lines += ["", f"Peak RSS of the ladder over one rung's (target ≤ {RSS_TARGET}×):", ""]
