@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import openvino as ov
 import pytest
 from hypothesis import settings
 
 from ovspec.compile.halves import compile_halves
+from ovspec.compile.sharedhead import HeadedCompiledModel, is_cut
+from ovspec.ir.headcut import head_model
 from ovspec.ir.partition import split_in_two
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import RewriteSet
@@ -37,7 +39,8 @@ class DirectPrograms:
     With ``rung_chunk_tokens`` every rung's decode runs on its 1..P prefill graph, as
     ``LoadMode.COMPILE`` serves the prompt's rung (later rungs there get static decode
     graphs, the ``one_graph=False`` cases). With ``halves`` every graph is compiled as
-    two halves run one after the other (``compile/halves.py``)."""
+    two halves run one after the other (``compile/halves.py``). Graphs whose LM head
+    was cut out share one head (``compile/sharedhead.py``)."""
 
     def __init__(
         self,
@@ -52,10 +55,11 @@ class DirectPrograms:
         self.properties = dict(EXACT_CPU_PROPERTIES if properties is None else properties)
         self.rewrites = rewrites or RewriteSet()
         self.rung_chunk_tokens = rung_chunk_tokens
-        self.compiled: dict[Specialization, ov.CompiledModel] = {}
+        self.compiled: dict[Specialization, Any] = {}
         self.core = ov.Core()
+        self.head: ov.CompiledModel | None = None
 
-    def get(self, spec: Specialization) -> ov.CompiledModel:
+    def get(self, spec: Specialization) -> Any:
         # Every rung decodes on its prefill graph (as the prompt's rung does in COMPILE mode).
         spec = serving_spec(spec, self.rung_chunk_tokens, spec.capacity_tokens)
         if spec not in self.compiled:
@@ -66,6 +70,11 @@ class DirectPrograms:
                 self.compiled[spec] = compile_halves(self.core, cut, "CPU", self.properties)
             else:
                 self.compiled[spec] = self.core.compile_model(model, "CPU", self.properties)
+            if is_cut(self.compiled[spec]):  # the shared-head rewrite: one head for all
+                if self.head is None:
+                    head = head_model(self.llm.model, self.llm.roles)
+                    self.head = self.core.compile_model(head, "CPU", self.properties)
+                self.compiled[spec] = HeadedCompiledModel(self.compiled[spec], self.head)
         return self.compiled[spec]
 
     def release(self, spec: Specialization) -> None:
