@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """How often the NPU path (NPUW on CPU subdevices) holds a model's weights: for a ladder
 of rungs against its top rung alone, the store's blob bytes (the rungs' and the shared LM
-head's) and the peak RSS of a fresh process that imports every rung's decode graph and runs
-each once. Three arms: full blobs
-(the weights in each), weightless blobs naming the model's one weights bank (the profile's
-default), and weightless blobs with a bank per rung (the control: what the bank saves).
-Prints the figures and writes docs/benchmarks/npu-weights.md with its raw samples
+head's and embedding's) and the peak RSS of a fresh process that imports every rung's
+decode graph and runs each once. Three arms: full blobs (the weights in each), weightless
+blobs naming the model's one weights bank (the profile's default), and weightless blobs
+with a bank per rung (the control: what the bank saves). Prints the figures and writes
+docs/benchmarks/npu-weights.md with its raw samples
 (results/npu-weights.json); about 2 min for builtin:small:
 
     python tools/npu_weights.py
@@ -71,8 +71,8 @@ def compiler(capacity):
 if action == "build":
     built = [compiler(c).build(Specialization.decode(c)).blob_bytes
              for c in json.loads(capacities)]
-    heads = [c.head.build() or 0 for c in compilers.values()]  # the shared LM head's blobs
-    print(json.dumps({"blob_bytes": built, "head_bytes": sum(heads)}))
+    shared = [c.ends.build(1) for c in compilers.values()]  # the shared head and embedding
+    print(json.dumps({"blob_bytes": built, "shared_bytes": sum(shared)}))
     sys.exit(0)
 programs, rss = [], []
 for capacity in json.loads(capacities):
@@ -130,7 +130,7 @@ def main(model: str, ladder: str, out: Path) -> None:
     print(f"{model}: .bin {bin_bytes / mib:.1f} MiB; decode rungs, NPU with NPUW_DEVICES=CPU")
     print(f"{'arm':<27}{'rungs':>6}{'store MiB':>11}{'peak RSS MiB':>14}{'per rung MiB':>14}")
     for run in runs:
-        stored = (sum(run["blob_bytes"]) + run["head_bytes"]) / mib
+        stored = (sum(run["blob_bytes"]) + run["shared_bytes"]) / mib
         peak = run["peak_rss_bytes"] / mib
         after = run["rss_after_rung_bytes"]
         steps = " ".join(f"{(b - a) / mib:.0f}" for a, b in itertools.pairwise(after)) or "-"

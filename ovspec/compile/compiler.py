@@ -34,7 +34,7 @@ from ovspec.compile.halves import CompiledGraph, compile_halves
 from ovspec.compile.modes import BlobMode, LoadMode
 from ovspec.compile.preparing import PreparedModel
 from ovspec.compile.programs import BuildOutcome, Program
-from ovspec.compile.sharedhead import HEAD_SPECIALIZATION, SharedHead
+from ovspec.compile.sharedhead import SharedEnds
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression, CompressionMode
 from ovspec.ir.model_dir import ModelDir
@@ -128,7 +128,7 @@ class Compiler:
         # Builds each blob elsewhere into the store (the device/host split's host
         # process); this compiler imports what it published.
         self.delegate = delegate
-        self.head = SharedHead(self)  # the LM head of graphs cut by the shared-head rewrite
+        self.ends = SharedEnds(self)  # the head and embeddings the cut graphs share
 
     # -- the dynamic graph, prepared once -----------------------------------------
 
@@ -220,11 +220,14 @@ class Compiler:
             )
         return BlobKey.from_values(values)
 
-    def head_key(self) -> BlobKey:
-        """The shared LM head's key: the graphs' components, a specialization of its own."""
+    def part_key(self, label: str) -> BlobKey:
+        """A shared head's or embedding's key: the graphs' components and its ``label``."""
         self.key(Specialization.decode(1))  # completes the static values
-        assert self._static_values is not None
-        return BlobKey.from_values({**self._static_values, "specialization": HEAD_SPECIALIZATION})
+        assert self._static_values is not None and self._compile_properties is not None
+        part = {**self._compile_properties, **self.profile.part_properties(self.properties)}
+        properties = self.profile.key_properties(part)
+        values = {**self._static_values, "properties": properties, "specialization": label}
+        return BlobKey.from_values(values)
 
     def _graph_properties(self, spec: Specialization) -> dict[str, str]:
         assert self._compile_properties is not None
@@ -233,11 +236,11 @@ class Compiler:
     # -- build and import ---------------------------------------------------------
 
     def build(self, spec: Specialization) -> BuildOutcome:
-        """Make sure the blob of ``spec`` is in the store (and the LM head's, when the
-        graphs share one); compile it if it is not."""
+        """Make sure the blob of ``spec`` is in the store (and the LM head's and the
+        embedding's, when the graphs share them); compile it if it is not."""
         outcome, _ = self._build(spec, keep_import=False)
-        if GraphRewrite.SHARED_HEAD in self.rewrites:
-            self.head.build()
+        if self.rewrites.rewrites & {GraphRewrite.SHARED_HEAD, GraphRewrite.SHARED_EMBEDDING}:
+            self.ends.build(spec.chunk_tokens)
         return outcome
 
     def _build(
@@ -337,7 +340,7 @@ class Compiler:
         COMPILE: compile the specialization (or reuse its rung's graph) from the IR; with
         ``halves`` as two halves side by side (``compile/halves.py``; IMPORT ignores it)."""
         if self.load_mode is LoadMode.COMPILE:
-            return self.head.attach(self._compile_program(spec, halves))
+            return self.ends.attach(self._compile_program(spec, halves))
         host = None
         if self.delegate is not None:  # the delegate publishes; the import below hits
             host = self.delegate.build(spec)
@@ -353,7 +356,7 @@ class Compiler:
                 host_s=host.host_s,
             )
             program = dataclasses.replace(program, build=build)
-        return self.head.attach(program)
+        return self.ends.attach(program)
 
     def import_properties(self) -> dict[str, Any]:
         """What import needs: the runtime config (blobs do not carry it) and, for a

@@ -16,7 +16,7 @@ import openvino as ov
 from ovspec.ir.partition import GraphHalves
 
 if TYPE_CHECKING:
-    from ovspec.compile.sharedhead import HeadedCompiledModel
+    from ovspec.compile.sharedhead import CutCompiledModel
 
 
 class HalvedCompiledModel:
@@ -63,8 +63,8 @@ class HalvedCompiledModel:
 
 
 # What the loader and a session hold: one compiled model, or two halves run as one, or
-# either followed by the shared LM head (compile/sharedhead.py).
-CompiledGraph: TypeAlias = "ov.CompiledModel | HalvedCompiledModel | HeadedCompiledModel"
+# either run between the shared embedding and LM head (compile/sharedhead.py).
+CompiledGraph: TypeAlias = "ov.CompiledModel | HalvedCompiledModel | CutCompiledModel"
 
 
 class HalvedInferRequest:

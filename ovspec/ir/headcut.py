@@ -1,7 +1,8 @@
-"""The LM head cut out of the rung graphs: each rung ends at the final hidden state and
-one head model (hidden -> logits) serves every rung and phase, so a ladder holds the
-head's weights and its device copies once (``compile/sharedhead.py`` runs the two).
-The cut is exact: the head model is the very nodes the graphs lose, fed the same row.
+"""The LM head and the embedding cut out of the rung graphs: each rung ends at the final
+hidden state and starts at the token embeddings, and one head model (hidden -> logits)
+and one embedding model per chunk size (ids -> embeddings) serve every rung, so a ladder
+holds their weights and device copies once (``compile/sharedhead.py`` runs them). The
+cuts are exact: the models are the very nodes the graphs lose, fed the same tensors.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ HIDDEN_OUTPUT = "ovspec.hidden"
 # The head model's name and its one input (the hidden state, [1, 1, H]).
 HEAD_MODEL_NAME = "ovspec-lm-head"
 HEAD_INPUT = "ovspec.head.hidden"
+# The input a graph without its embedding takes: the token embeddings, [1, P, H].
+EMBEDS_INPUT = "ovspec.embeds"
+EMBEDDING_MODEL_NAME = "ovspec-embedding"
 
 
 def _head_matmul(model: ov.Model, roles: ModelRoles) -> tuple[ov.Node, ov.Node]:
@@ -67,3 +71,48 @@ def head_model(dynamic: ov.Model, roles: ModelRoles) -> ov.Model:
     except RuntimeError as exc:  # the head reads another graph input: no cut
         raise RewriteRefused(f"the LM head is not a function of the hidden state: {exc}") from exc
     return head
+
+
+def _embedding_gather(model: ov.Model, roles: ModelRoles) -> ov.Node:
+    """The Gather that looks the token ids up in the embedding table (ids via Converts)."""
+    ids = next(p for p in model.get_parameters() if roles.input_ids in p.output(0).names)
+    frontier, found = [ids.output(0)], []
+    while frontier:
+        for target in frontier.pop().get_target_inputs():
+            node = target.get_node()
+            if node.get_type_name() == "Convert":
+                frontier.append(node.output(0))
+            elif node.get_type_name() == "Gather" and target.get_index() == 1:
+                found.append(node)
+    if len(found) != 1:
+        raise RewriteRefused(f"the token ids index {len(found)} Gathers, not one")
+    return found[0]
+
+
+def cut_embedding(model: ov.Model, roles: ModelRoles) -> None:
+    """Feed the graph ``EMBEDS_INPUT`` where its embedding Gather was, in place (its
+    token-id input stays: other nodes read its shape). Refused for a chunk that varies."""
+    gather = _embedding_gather(model, roles)
+    shape = gather.get_output_partial_shape(0)
+    if shape.is_dynamic or len(shape) != 3:
+        raise RewriteRefused(f"the embeddings are {shape}, not a static [B, P, H]")
+    embeds = ops.parameter(shape, gather.get_output_element_type(0), EMBEDS_INPUT)
+    embeds.output(0).get_tensor().set_names({EMBEDS_INPUT})
+    for target in list(gather.output(0).get_target_inputs()):
+        target.replace_source_output(embeds.output(0))
+    model.add_parameters([embeds])
+
+
+def embedding_model(dynamic: ov.Model, roles: ModelRoles, chunk_tokens: int) -> ov.Model:
+    """The embedding lookup of ``dynamic`` (left untouched) as a model of its own: token
+    ids [1, chunk] in, embeddings [1, chunk, H] out (the same nodes)."""
+    model = dynamic.clone()
+    gather = _embedding_gather(model, roles)
+    ids = next(p for p in model.get_parameters() if roles.input_ids in p.output(0).names)
+    result = ops.result(gather.output(0))
+    try:
+        lookup = ov.Model([result], [ids], EMBEDDING_MODEL_NAME)
+        lookup.reshape({ids.output(0): ov.PartialShape([1, chunk_tokens])})
+    except RuntimeError as exc:  # the lookup reads another graph input: no cut
+        raise RewriteRefused(f"the embedding is not a function of the ids: {exc}") from exc
+    return lookup

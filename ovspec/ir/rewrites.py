@@ -28,7 +28,7 @@ from ovspec.ir.graph_io import (
     live_tokens_state,
     merged_presents,
 )
-from ovspec.ir.headcut import cut_head
+from ovspec.ir.headcut import cut_embedding, cut_head
 from ovspec.ir.roles import KVKind, ModelRoles
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class GraphRewrite(Enum):
     MERGED_PRESENTS = "merged-presents"
     RESULT_GUARD = "result-guard"
     SHARED_HEAD = "shared-head"
+    SHARED_EMBEDDING = "shared-embedding"
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,11 @@ def apply_rewrites(
             cut_head(model, roles, one_row)
         except RewriteRefused as exc:
             notes.append(f"shared-head not applied: {exc}")
+    if GraphRewrite.SHARED_EMBEDDING in rewrites:
+        try:  # after the types: it reads the embeddings' static shape
+            cut_embedding(model, roles)
+        except RewriteRefused as exc:
+            notes.append(f"shared-embedding not applied: {exc}")
     if GraphRewrite.MERGED_PRESENTS in rewrites:
         try:  # last: it compares the presents' inferred shapes (its new ops type themselves)
             merged_presents(model, roles)

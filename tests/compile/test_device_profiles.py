@@ -46,6 +46,7 @@ def test_the_cpu_profile_compiles_from_the_ir_with_every_rewrite_but_the_npu_one
     assert cpu.default_rewrites.rewrites == RewriteSet.every().rewrites - {
         GraphRewrite.RESULT_GUARD,
         GraphRewrite.SHARED_HEAD,  # the NPU path's: CPU graphs stay as they were
+        GraphRewrite.SHARED_EMBEDDING,
     }
     assert GraphRewrite.LIVE_STATE in cpu.default_rewrites
     assert dict(cpu.exact_properties) == EXACT_CPU_PROPERTIES

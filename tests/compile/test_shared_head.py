@@ -1,9 +1,10 @@
-"""The LM head cut out of the rung graphs (ir/headcut.py, compile/sharedhead.py): exactly
-the uncut model's tokens and logits on the CPU plugin and the NPU path, keys of their own,
-and one head compiled for a whole ladder."""
+"""The LM head and the embedding cut out of the rung graphs (ir/headcut.py,
+compile/sharedhead.py): exactly the uncut model's tokens and logits on the CPU plugin and
+the NPU path, keys of their own, one head and one embedding per chunk for a whole ladder."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,9 @@ import ovspec
 from ovspec.compile.compiler import Compiler
 from ovspec.compile.devices import profile_for
 from ovspec.compile.modes import LoadMode
-from ovspec.compile.sharedhead import HEAD_SPECIALIZATION
-from ovspec.compile.sharedhead import HeadedCompiledModel as Headed
-from ovspec.ir.headcut import HEAD_MODEL_NAME, HIDDEN_OUTPUT
+from ovspec.compile.sharedhead import EMBEDDING_PREFIX, HEAD_SPECIALIZATION, embedding_chunk
+from ovspec.compile.sharedhead import CutCompiledModel as Cut
+from ovspec.ir.headcut import EMBEDDING_MODEL_NAME, HEAD_MODEL_NAME, HIDDEN_OUTPUT
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import GraphRewrite, RewriteSet
@@ -33,10 +34,11 @@ PATHS: dict[str, tuple[dict[str, str], str, RewriteSet]] = {
     "NPU": (EXACT_NPU, "import", profile_for("NPU", NPUW).default_rewrites),
 }
 HEAD = frozenset({GraphRewrite.SHARED_HEAD})
+CUTS = frozenset({GraphRewrite.SHARED_HEAD, GraphRewrite.SHARED_EMBEDDING})
 
 
-def _with(rewrites: RewriteSet, cut: bool) -> RewriteSet:
-    return RewriteSet(rewrites.rewrites | HEAD if cut else rewrites.rewrites - HEAD)
+def _with(rewrites: RewriteSet, cuts: frozenset[GraphRewrite]) -> RewriteSet:
+    return RewriteSet((rewrites.rewrites - CUTS) | cuts)
 
 
 @pytest.fixture(params=["qwen2", "llama", "tiny"])
@@ -46,15 +48,16 @@ def model_dir(request: pytest.FixtureRequest, tiny_dir: Path) -> Path:
     return Path(__file__).resolve().parents[1] / "data" / str(request.param)
 
 
+@pytest.mark.parametrize("cuts", [HEAD, CUTS], ids=["head", "head+embedding"])
 @pytest.mark.parametrize("device", list(PATHS))
 def test_the_cut_decodes_the_uncut_models_tokens_and_logits(
-    model_dir: Path, device: str, tmp_path: Path
+    model_dir: Path, device: str, cuts: frozenset[GraphRewrite], tmp_path: Path
 ) -> None:
     properties, load_mode, rewrites = PATHS[device]
     reference = model_dir / "reference.npz"
     prompt = [int(t) for t in np.load(reference)["prompt_ids"]] if reference.exists() else [5] * 9
     runs = {}
-    for cut in (False, True):
+    for cut in (frozenset[GraphRewrite](), cuts):
         with ovspec.open(
             model_dir,
             ladder="32,64",
@@ -65,42 +68,48 @@ def test_the_cut_decodes_the_uncut_models_tokens_and_logits(
             rewrites=_with(rewrites, cut),
         ) as loader:
             runs[cut] = decode(loader, prompt, max_new_tokens=40, keep_logits=lambda *_: True)
-    uncut, headed = runs[False], runs[True]
+    uncut, headed = runs[frozenset()], runs[cuts]
     assert headed.rungs == uncut.rungs == (32, 64)  # a boundary crossed, a prompt graph run
     assert headed.token_ids == uncut.token_ids
     assert headed.logits.keys() == uncut.logits.keys() and uncut.logits
-    for step, logits in uncut.logits.items():  # the same nodes on the same row: exact
-        np.testing.assert_array_equal(headed.logits[step], logits)
+    worst = max(float(np.abs(headed.logits[s] - uncut.logits[s]).max()) for s in uncut.logits)
+    # The same nodes on the same rows: exact, but NPUW's graphs without their embedding
+    # lookup round differently (~5e-6, docs/npu.md; not a default there).
+    assert worst == 0.0 or (device == "NPU" and cuts == CUTS and worst < 2e-5)
 
 
-def test_the_cut_graphs_and_the_head_have_keys_of_their_own(
+def test_the_cut_graphs_and_their_parts_have_keys_of_their_own(
     qwen2_dir: Path, tmp_path: Path
 ) -> None:
     properties, _, rewrites = PATHS["NPU"]
     store = Store(tmp_path / "store")
-    model = ModelDir.open(qwen2_dir)
-    keys: dict[bool, Any] = {}
-    for cut in (False, True):
-        compiler = Compiler(model, "NPU", properties, store, rewrites=_with(rewrites, cut))
+    specs = [Specialization.decode(32), Specialization.prefill(32, 16)]
+    graphs, parts = [], []
+    for cuts in (frozenset[GraphRewrite](), HEAD, CUTS):
+        compiler = Compiler(
+            ModelDir.open(qwen2_dir), "NPU", properties, store, rewrites=_with(rewrites, cuts)
+        )
         try:
-            specs = [Specialization.decode(32), Specialization.prefill(32, 16)]
-            keys[cut] = [compiler.key(s).hex for s in specs] + [compiler.head_key().hex]
+            graphs += [compiler.key(s).hex for s in specs]
+            labels = (HEAD_SPECIALIZATION, f"{EMBEDDING_PREFIX}1", f"{EMBEDDING_PREFIX}16")
+            parts += [compiler.part_key(label).hex for label in labels]
         finally:
             compiler.close()
-    # The cut changes every graph's key; the head is an entry of its own.
-    assert all(a != b for a, b in zip(keys[False][:-1], keys[True][:-1], strict=True))
-    assert keys[True][-1] not in keys[False] + keys[True][:-1]
+    # Each cut changes every graph's key; the head and each embedding are entries of
+    # their own (keyed with the rewrite set too: a recompile, never a wrong blob).
+    assert len(set(graphs)) == len(graphs) and not set(graphs) & set(parts)
+    assert len(set(parts)) == len(parts)
 
 
 class _CountingCore:
-    """A Core that counts the head models it compiles."""
+    """A Core that counts the models it compiles, by name."""
 
     def __init__(self, core: ov.Core) -> None:
         self._core = core
-        self.head_compiles = 0
+        self.compiles: Counter[str] = Counter()
 
     def compile_model(self, model: ov.Model, *args: Any) -> ov.CompiledModel:
-        self.head_compiles += model.get_friendly_name() == HEAD_MODEL_NAME
+        self.compiles[model.get_friendly_name()] += 1
         return self._core.compile_model(model, *args)
 
     def __getattr__(self, name: str) -> Any:
@@ -108,7 +117,9 @@ class _CountingCore:
 
 
 @pytest.mark.parametrize("device", list(PATHS))
-def test_a_ladder_compiles_its_head_once(tiny_dir: Path, tmp_path: Path, device: str) -> None:
+def test_a_ladder_compiles_its_head_once_and_an_embedding_per_chunk(
+    tiny_dir: Path, tmp_path: Path, device: str
+) -> None:
     properties, load_mode, rewrites = PATHS[device]
     store = Store(tmp_path / "store")
     compiler = Compiler(
@@ -116,7 +127,7 @@ def test_a_ladder_compiles_its_head_once(tiny_dir: Path, tmp_path: Path, device:
         device,
         properties,
         store,
-        rewrites=_with(rewrites, True),
+        rewrites=_with(rewrites, CUTS),
         load_mode=LoadMode(load_mode),
     )
     counting = _CountingCore(compiler._core)
@@ -124,12 +135,21 @@ def test_a_ladder_compiles_its_head_once(tiny_dir: Path, tmp_path: Path, device:
     try:
         specs = [Specialization.decode(c) for c in (32, 64, 128, 256)]
         programs = [compiler.load(s) for s in [Specialization.prefill(32, 16), *specs]]
-        for program in programs:
-            assert isinstance(program.compiled, Headed)
-            assert any(HIDDEN_OUTPUT in p.names for p in program.compiled.body.outputs)
-        heads = {id(p.compiled.head) for p in programs if isinstance(p.compiled, Headed)}
+        cut = [p.compiled for p in programs if isinstance(p.compiled, Cut)]
+        assert len(cut) == len(programs)
+        assert all(HIDDEN_OUTPUT in {n for p in c.body.outputs for n in p.names} for c in cut)
+        heads = {id(c.head) for c in cut}
+        # Each chunk's embedding model, by the chunk its graphs take (CPU's 1..P prompt
+        # graph keeps its lookup: its chunk varies).
+        lookups = {embedding_chunk(c.body): id(c.embedding) for c in cut if c.embedding}
+        assert 1 in lookups and all(embedding_chunk(c.body) in lookups for c in cut[1:])
     finally:
         compiler.close()
-    assert counting.head_compiles == 1 and len(heads) == 1
+    assert counting.compiles[HEAD_MODEL_NAME] == 1 and len(heads) == 1
+    assert counting.compiles[EMBEDDING_MODEL_NAME] == len(lookups) == len(set(lookups.values()))
     stored = [e.values()["specialization"] for e in store.entries()]
     assert stored.count(HEAD_SPECIALIZATION) == (1 if load_mode == "import" else 0)
+    in_store = sorted(
+        int(s[len(EMBEDDING_PREFIX) :]) for s in stored if s.startswith(EMBEDDING_PREFIX)
+    )
+    assert in_store == (sorted(lookups) if load_mode == "import" else [])

@@ -28,8 +28,9 @@ def _steps_mib(run: Mapping[str, Any]) -> str:
 
 
 def _store_mib(run: Mapping[str, Any]) -> float:
-    """The rungs' blobs and the shared LM head's (results before the cut have none)."""
-    return float(sum(run["blob_bytes"]) + run.get("head_bytes", 0)) / MIB
+    """The rungs' blobs and the shared LM head's and embedding's (results from before the
+    cut have none)."""
+    return float(sum(run["blob_bytes"]) + run.get("shared_bytes", 0)) / MIB
 
 
 def render(results: Mapping[str, Any]) -> str:
@@ -54,9 +55,10 @@ def render(results: Mapping[str, Any]) -> str:
         "Arms: `full`, blobs carrying their weights; `weightless`, folded blobs naming the "
         "model's one weights bank (ovspec's default on this path); `weightless, bank per "
         "rung`, the same blobs each naming a bank of its own (the control: what sharing the "
-        "bank saves). Where the rung graphs end at the final hidden state, the LM head is "
-        "one compiled model per compiler, so one for the ladder (one per rung in the "
-        "control), and a store entry of its own, counted in the store column. One run per "
+        "bank saves). Where the rung graphs start at the token embeddings and end at the "
+        "final hidden state, the embedding and the LM head are compiled models of their own "
+        "per compiler, so one each for the ladder (one per rung in the control), with store "
+        "entries of their own, counted in the store column. One run per "
         "row; RSS is not a timing, but other jobs shared the "
         f"machine. {env['cpu_model']}, {env['usable_cores']} cores, OpenVINO "
         f"{env['openvino']}, ovspec at {env['git_commit']}, {env['date_utc']}.",
