@@ -27,6 +27,21 @@ def _steps_mib(run: Mapping[str, Any]) -> str:
     return ", ".join(steps) or "–"
 
 
+def _rewrites(results: Mapping[str, Any]) -> str:
+    """The rewrite set the graphs were built with; nothing for results from before the
+    set (and the shared head and embedding) were recorded."""
+    if "rewrites" not in results:
+        return ""
+    chosen = results["rewrites"]
+    named = "the profile's default set" if chosen == "default" else f"`{chosen}`"
+    return (
+        f", graphs rewritten with {named}. Where the graphs end at the final hidden state "
+        "(and start at the token embeddings), the LM head (and the embedding) are compiled "
+        "models of their own per compiler, so one for the ladder (one per rung in the "
+        "control), with store entries of their own, counted in the store column"
+    )
+
+
 def _store_mib(run: Mapping[str, Any]) -> float:
     """The rungs' blobs and the shared LM head's and embedding's (results from before the
     cut have none)."""
@@ -49,17 +64,14 @@ def render(results: Mapping[str, Any]) -> str:
         "",
         f"Model `{results['model']}` ({results['bin_bytes'] / MIB:.1f} MiB `.bin`), decode "
         f"rungs {results['ladder']} against the top rung alone, on the NPU plugin with NPUW "
-        f"on CPU subdevices ({properties}). Each row is a fresh process that imports every "
+        f"on CPU subdevices ({properties}){_rewrites(results)}. Each row is a fresh "
+        "process that imports every "
         "rung's blob from a store (built by another process), runs each once, and reports "
         "its peak RSS (VmHWM) and its RSS growth as each further rung is imported and run. "
         "Arms: `full`, blobs carrying their weights; `weightless`, folded blobs naming the "
         "model's one weights bank (ovspec's default on this path); `weightless, bank per "
         "rung`, the same blobs each naming a bank of its own (the control: what sharing the "
-        "bank saves). Where the rung graphs start at the token embeddings and end at the "
-        "final hidden state, the embedding and the LM head are compiled models of their own "
-        "per compiler, so one each for the ladder (one per rung in the control), with store "
-        "entries of their own, counted in the store column. One run per "
-        "row; RSS is not a timing, but other jobs shared the "
+        "bank saves). One run per row; RSS is not a timing, but other jobs shared the "
         f"machine. {env['cpu_model']}, {env['usable_cores']} cores, OpenVINO "
         f"{env['openvino']}, ovspec at {env['git_commit']}, {env['date_utc']}.",
         "",
