@@ -18,9 +18,9 @@ from ovspec.compile.devices.npuw import PLUGIN_MODE, USE_NPUW
 from ovspec.compile.modes import LoadMode
 from ovspec.compile.worker import blob_identity_hash
 from ovspec.errors import DeviceError
+from ovspec.ir.headcut import HIDDEN_OUTPUT
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import GraphRewrite
-from ovspec.ir.headcut import HIDDEN_OUTPUT
 from ovspec.ir.specialize import Specialization
 from ovspec.runtime.decoding import decode
 from ovspec.runtime.kv import KVLayout
