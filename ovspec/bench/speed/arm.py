@@ -17,9 +17,10 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ovspec.compile.split import CoreSplit, pin_process  # no OpenVINO: pins before it loads
+if TYPE_CHECKING:  # imported where a split is asked for: genai's arm imports no ovspec
+    from ovspec.compile.split import CoreSplit
 
 RESULT_PREFIX = "RESULT "
 GENAI_INTEGER_PROPERTIES = frozenset({"MAX_PROMPT_LEN", "MIN_RESPONSE_LEN"})
@@ -138,6 +139,11 @@ def decode_cpu_s(
 
 
 def _genai(request: ArmRequest, on_token: Any) -> dict[str, Any]:
+    split = _split(request)
+    if split is not None:  # before OpenVINO starts: its compile on the host cores
+        from ovspec.compile.split import pin_process
+
+        pin_process(split.host)
     import numpy as np
     import openvino as ov
     import openvino_genai
@@ -146,9 +152,6 @@ def _genai(request: ArmRequest, on_token: Any) -> dict[str, Any]:
     properties: dict[str, Any] = {
         k: int(v) if k in GENAI_INTEGER_PROPERTIES else v for k, v in request.properties.items()
     }
-    split = _split(request)
-    if split is not None:  # its up-front compile on the host cores, as ovspec's builds
-        pin_process(split.host)
     pipe = openvino_genai.LLMPipeline(request.model_dir, request.device, **properties)
     if split is not None:  # then all of it on the device cores: nothing compiles later
         pin_process(split.device)
@@ -176,7 +179,11 @@ def _genai(request: ArmRequest, on_token: Any) -> dict[str, Any]:
 
 
 def _split(request: ArmRequest) -> CoreSplit | None:
-    return CoreSplit.parse(request.split) if request.split else None
+    if not request.split:
+        return None
+    from ovspec.compile.split import CoreSplit
+
+    return CoreSplit.parse(request.split)
 
 
 def _ovspec(request: ArmRequest, on_token: Any) -> dict[str, Any]:
