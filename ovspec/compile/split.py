@@ -236,13 +236,14 @@ class HostBuilder:
         context = multiprocessing.get_context("spawn")
         self._requests = context.Queue()
         self._replies = context.Queue()
-        self._process = context.Process(
+        process = context.Process(
             target=_serve,
             args=(self._config, self._requests, self._replies),
             name="ovspec-host-builder",
             daemon=True,
         )
-        self._process.start()
+        process.start()  # on failure nothing is kept: close() must not join an unstarted one
+        self._process = process
         ready = self._reply(_START_TIMEOUT_S, "start")
         self.pid = int(ready["pid"])
         self.affinity = tuple(ready["affinity"])

@@ -178,3 +178,28 @@ def test_a_successor_imports_off_the_decode_core(tmp_path: Path) -> None:
         assert affinities.pop(threading.get_native_id()) == split.device
         assert set(affinities.values()) == {split.host}
         assert loader.worker_cores == split.host
+
+
+def test_a_host_process_that_fails_to_start_keeps_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing.process
+
+    def refuse(self: object) -> None:
+        raise RuntimeError("spawn refused")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    builder = HostBuilder(
+        model_root=MODEL,
+        models_folder=tmp_path / "models",
+        device="CPU",
+        properties=EXACT_CPU_PROPERTIES,
+        store_root=tmp_path / "s",
+        compression="none",
+        blob_mode="full",
+        rewrites="",
+        host_cores=(0,),
+    )
+    with pytest.raises(RuntimeError, match="spawn refused"):
+        builder.start()
+    builder.close()  # nothing started: nothing to stop, and no error of its own
