@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ovspec.bench.common.lockstep import token_reporter
+
 RESULT_PREFIX = "RESULT "
 GENAI_INTEGER_PROPERTIES = frozenset({"MAX_PROMPT_LEN", "MIN_RESPONSE_LEN"})
 
@@ -198,10 +200,13 @@ def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
     sampler.start()
     times: list[float] = []
     tokens: list[int] = []
+    report = token_reporter()  # under a lockstep coordinator: a byte per token
 
     def on_token(token: int) -> None:
         times.append(round(time.time() - spawn_s, 5))  # 10 us: well under a step
         tokens.append(token)
+        if report is not None:
+            report()
 
     if request.arm == "genai":
         extra = _genai(request, on_token)
