@@ -90,8 +90,8 @@ def test_round_order_reverses_every_other_round() -> None:
 def test_a_block_leaves_out_the_first_step_after_its_resume() -> None:
     # Steps of 10 ms, a 500 ms pause before token 3; the window opens during the pause.
     times = [0.01, 0.02, 0.52, 0.53, 0.54, 0.55]
-    (mid, ms), empty = block_rates(times, [[0.1, 0.55], [0.6, 0.7]])
-    assert ms == pytest.approx(10.0) and mid == 3.5
+    first, empty = block_rates(times, [[0.1, 0.55], [0.6, 0.7]])
+    assert first is not None and first[1] == pytest.approx(10.0) and first[0] == 3.5
     assert empty is None  # no tokens: no rate, the index kept for pairing
 
 
@@ -119,3 +119,24 @@ def test_correlated_blocks_widen_the_batch_interval_and_a_slower_arm_fails() -> 
 def test_an_incomplete_batch_joins_the_one_before() -> None:
     ratio = lockstep_ratio([[(1.0, 2.0)] * 6, [(1.0, 1.0)] * 3], batch_pairs=4)
     assert ratio.batch_count == 2  # 6 pairs: one batch of 6; 3 pairs: one batch of 3
+
+
+def test_arms_that_stop_themselves_between_turns_alternate_turn_by_turn() -> None:
+    """``checkpoint`` arms (the chat's): loaded, then one turn per block, ABBA."""
+    child = (
+        "import json, sys, time\n"
+        "from ovspec.bench.common.lockstep import checkpoint\n"
+        "checkpoint()\n"
+        "began = []\n"
+        "for _ in range(4):\n"
+        "    began.append(time.time())\n"
+        "    checkpoint()\n"
+        "print(json.dumps(began))\n"
+    )
+    arms = [LockstepArm(x, lambda _s: [sys.executable, "-c", child], REPO) for x in "ab"]
+    found = run_lockstep(arms, 1)
+    assert found.schedule[:8] == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    starts = {x: json.loads(found.arms[x]["stdout"].splitlines()[-1]) for x in "ab"}
+    # Turn i of one arm began after turn i - 1 of both: they alternate, none skipped.
+    for i in range(1, 4):
+        assert min(starts["a"][i], starts["b"][i]) > max(starts["a"][i - 1], starts["b"][i - 1])

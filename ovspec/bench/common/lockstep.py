@@ -3,9 +3,10 @@ a time, taking turns in blocks of a few tokens (the order reversed every round: 
 so adjacent blocks of two arms see the same machine state within seconds.
 
 Owns the coordinator (spawn, pause, resume, the block schedule) and the child's side (a
-byte per token on an inherited pipe). An arm is paused with SIGSTOP, not by blocking its
-token callback: genai calls its streamer from a worker thread and goes on generating
-while the callback blocks, so only a stopped process is surely idle.
+byte per token on an inherited pipe; ``checkpoint`` for arms paused between turns). An
+arm is paused with SIGSTOP, not by blocking its token callback: genai calls its streamer
+from a worker thread and goes on generating while the callback blocks, so only a stopped
+process is surely idle.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from ovspec.errors import TrialError
 
 ENV_FD = "OVSPEC_LOCKSTEP_FD"  # the write end of the child's token pipe
+SELF_STOP = b"c"  # a unit done by an arm that stops itself (any other byte: a token)
 STOP_CONFIRM_S = 2.0  # how long a SIGSTOP may take to show in /proc (microseconds here)
 BLOCK_TIMEOUT_S = 900.0  # a block (or a load with its first token) longer than this hangs
 
@@ -39,6 +41,18 @@ def token_reporter() -> Callable[[], None] | None:
         os.write(out, b".")
 
     return report
+
+
+def checkpoint() -> None:
+    """Under a coordinator: report one unit done (a turn, say) and stop this process at
+    once, so the next unit's timing starts only when the coordinator resumes it (a
+    SIGSTOP sent after the report could land inside the next unit). Else nothing."""
+    fd = os.environ.get(ENV_FD)
+    if fd:
+        # "c": the coordinator must not stop it again (a second SIGSTOP, pending when the
+        # first lands, would stop it again right after its resume).
+        os.write(int(fd), SELF_STOP)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,7 @@ class ArmProcess:
     stderr_path: Path
     tokens: int = 0
     done: bool = False
+    stops_itself: bool = False  # its last report was a checkpoint
     windows: list[tuple[float, float]] = field(default_factory=list)  # (resume, stop)
 
     def output(self) -> tuple[str, str]:
@@ -87,19 +102,28 @@ def round_order(labels: Sequence[str], round_index: int) -> list[str]:
 
 
 def _is_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (or the process is gone)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True  # gone: nothing runs
-    return state in ("T", "t", "Z", "X")
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
 
 
 def _stop(proc: ArmProcess) -> None:
     """SIGSTOP and wait until every thread is stopped, so the next arm runs alone."""
     if proc.popen.poll() is not None:
         return
-    os.kill(proc.popen.pid, signal.SIGSTOP)
+    if not proc.stops_itself:
+        os.kill(proc.popen.pid, signal.SIGSTOP)
     deadline = time.monotonic() + STOP_CONFIRM_S
     while not _is_stopped(proc.popen.pid):
         if time.monotonic() > deadline:
@@ -119,6 +143,7 @@ def _run_until(proc: ArmProcess, target_tokens: int) -> None:
                 proc.done = True
                 return
             proc.tokens += len(chunk)
+            proc.stops_itself = chunk.endswith(SELF_STOP)
         elif proc.popen.poll() is not None:
             proc.done = True
             return
@@ -152,8 +177,8 @@ def run_lockstep(
     """Spawn the arms one after another, each run alone to its first token and stopped;
     then rounds of one block of ``block_tokens`` tokens per arm (``round_order``) until
     every arm has exited. An arm that exits drops out; the others go on in blocks."""
-    if block_tokens < 2 or len({a.label for a in arms}) != len(arms) or not arms:
-        raise TrialError("a lockstep run needs distinct arms and blocks of at least 2 tokens")
+    if block_tokens < 1 or len({a.label for a in arms}) != len(arms) or not arms:
+        raise TrialError("a lockstep run needs distinct arms and blocks of at least 1 token")
     say = on_progress or (lambda _m: None)
     procs: list[ArmProcess] = []
     schedule: list[str] = []
