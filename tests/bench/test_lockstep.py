@@ -113,7 +113,9 @@ def test_correlated_blocks_widen_the_batch_interval_and_a_slower_arm_fails() -> 
     assert ratio.lag1 is not None and ratio.lag1 > 0.8
     assert ratio.verdict_interval is ratio.batches
     assert ratio.batches.low > 1.1  # a 1.2× slower arm misses a 1.10 target
-    assert lag1_autocorrelation([1.0, 1.0]) is None
+    assert lag1_autocorrelation([[1.0, 1.0]]) is None
+    # Neighbours within a run only: two runs of alternating values are anticorrelated.
+    assert lag1_autocorrelation([[1.0, -1.0, 1.0], [5.0, 3.0, 5.0]]) == pytest.approx(-2 / 3)
 
 
 def test_an_incomplete_batch_joins_the_one_before() -> None:

@@ -69,14 +69,21 @@ def _t_interval(logs: Sequence[float]) -> Interval | None:
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half))
 
 
-def lag1_autocorrelation(values: Sequence[float]) -> float | None:
-    """Lag-1 autocorrelation of a series (None under 3 values or with no spread)."""
-    x = np.asarray(values, dtype=np.float64)
-    if x.size < 3:
-        return None
-    x = x - x.mean()
-    denominator = float(np.dot(x, x))
-    return float(np.dot(x[:-1], x[1:]) / denominator) if denominator > 0 else None
+def lag1_autocorrelation(runs: Sequence[Sequence[float]]) -> float | None:
+    """Lag-1 autocorrelation of series measured in separate runs: each run centred on
+    its own mean, neighbours taken within a run only (None under 3 values in all, or
+    with no spread)."""
+    products = squares = 0.0
+    count = 0
+    for values in runs:
+        x = np.asarray(values, dtype=np.float64)
+        count += x.size
+        if x.size < 2:
+            continue
+        x = x - x.mean()
+        products += float(np.dot(x[:-1], x[1:]))
+        squares += float(np.dot(x, x))
+    return products / squares if count >= 3 and squares > 0 else None
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,6 @@ def lockstep_ratio(
             end = len(logs) if i == count - 1 else (i + 1) * batch_pairs
             batches.append(statistics.fmean(logs[i * batch_pairs : end]))
     per_run = [statistics.fmean(logs) for logs in logs_by_run if logs]
-    centred = [x - statistics.fmean(logs) for logs in logs_by_run if len(logs) > 1 for x in logs]
     return LockstepRatio(
         blocks=_t_interval(every),
         batches=_t_interval(batches),
@@ -120,5 +126,5 @@ def lockstep_ratio(
         pairs=len(every),
         batch_count=len(batches),
         run_count=len(per_run),
-        lag1=lag1_autocorrelation(centred),
+        lag1=lag1_autocorrelation(logs_by_run),
     )
