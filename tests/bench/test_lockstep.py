@@ -111,7 +111,10 @@ def test_correlated_blocks_widen_the_batch_interval_and_a_slower_arm_fails() -> 
     assert ratio.blocks is not None and ratio.batches is not None
     assert ratio.batches.high - ratio.batches.low > ratio.blocks.high - ratio.blocks.low
     assert ratio.lag1 is not None and ratio.lag1 > 0.8
-    assert ratio.verdict_interval is ratio.batches
+    chosen, runs = ratio.verdict_interval, ratio.runs
+    assert chosen is not None and runs is not None  # both intervals held: the wider ends
+    assert chosen.low == min(ratio.batches.low, runs.low)
+    assert chosen.high == max(ratio.batches.high, runs.high)
     assert ratio.batches.low > 1.1  # a 1.2× slower arm misses a 1.10 target
     assert lag1_autocorrelation([[1.0, 1.0]]) is None
     # Neighbours within a run only: two runs of alternating values are anticorrelated.

@@ -100,9 +100,18 @@ class LockstepRatio:
 
     @property
     def verdict_interval(self) -> Interval | None:
-        """The interval a verdict reads: batch means (the blocks' correlation lives
-        within a batch's seconds; the runs' interval, with 2–5 runs, is shown beside)."""
-        return self.batches
+        """The interval a verdict reads: from the batch means' low end and the runs' to
+        the higher of their high ends, around the mean of every pair. Batch means allow
+        for the correlation of neighbouring blocks; the runs' interval for what differs
+        between a run's processes as a whole (their memory layout, say), which batches
+        of one run share. With one run, the batch means alone."""
+        found = [i for i in (self.batches, self.runs) if i is not None]
+        if self.blocks is None or not found:
+            return None
+        low, high = min(i.low for i in found), max(i.high for i in found)
+        return Interval(
+            self.blocks.estimate, min(low, self.blocks.estimate), max(high, self.blocks.estimate)
+        )
 
 
 def lockstep_ratio(

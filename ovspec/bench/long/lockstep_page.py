@@ -41,11 +41,14 @@ def protocol_text(config: Mapping[str, Any]) -> str:
         "pause and the first step after it (cache warmth lost to the other arm) are left "
         "out, for every arm alike. A pair is genai's and ovspec's blocks of one round "
         "(adjacent in time, the same tokens); a band's ratio is the geometric mean of its "
-        "pairs' ratios. Blocks of one run are serially correlated, so the verdict's 95% "
-        f"interval is a t interval over batch means of {config['batch_pairs']} consecutive "
-        "pairs within a run; the interval over block pairs as if independent and the one "
-        "over runs (one mean per run) are shown with it, and the lag-1 autocorrelation of "
-        "the pairs' log ratios (each run centred on its mean). The side peers, where "
+        "pairs' ratios, a block counting in the band of its middle token. Blocks of one "
+        "run are serially correlated and share whatever differs between a run's processes, "
+        "so the verdict's 95% interval spans both a t interval over batch means of "
+        f"{config['batch_pairs']} consecutive pairs within a run and a t interval over the "
+        "runs (one mean per run): from the lower of their low ends to the higher of their "
+        "high ends. The interval over block pairs as if independent is shown beside them "
+        "(it is too narrow where neighbours correlate), with the lag-1 autocorrelation of "
+        "the pairs' log ratios (within each run, centred on its mean). The side peers, where "
         f"present, run in the first {_side_runs(config)} of each and in none of the ratios. "
         "Peak RSS is each lockstep process's own VmHWM, paired by run"
     )
@@ -102,17 +105,17 @@ def intervals_table(case: Mapping[str, Any], arm: str) -> list[str]:
     """Per band: pairs, batches, runs and the three intervals of ``arm`` over genai."""
     lines = [
         f"Decode ratios, {arm} / genai, from paired blocks (95% intervals; the verdict reads "
-        "the batch means):",
+        "the span of the batch means' and the runs'):",
         "",
         "| band | pairs | block pairs as independent | batches | batch means | runs | "
-        "one mean per run | lag-1 autocorrelation |",
-        "|---|---|---|---|---|---|---|---|",
+        "one mean per run | verdict's span | lag-1 autocorrelation |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for band, ratio in band_ratios(case, arm).items():
         lag = "–" if ratio.lag1 is None else f"{ratio.lag1:.2f}"
         lines.append(
             f"| {band.replace('-', '–')} | {ratio.pairs} | {_cell(ratio.blocks)} | "
             f"{ratio.batch_count} | {_cell(ratio.batches)} | {ratio.run_count} | "
-            f"{_cell(ratio.runs)} | {lag} |"
+            f"{_cell(ratio.runs)} | {_cell(ratio.verdict_interval)} | {lag} |"
         )
     return [*lines, ""]
