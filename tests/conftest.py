@@ -4,15 +4,17 @@ source, and the guard that makes a run with too few tests fail instead of pass."
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import openvino as ov
 import pytest
 from hypothesis import settings
 
 from ovspec.compile.halves import compile_halves
+from ovspec.compile.sharedhead import CutCompiledModel, embedding_chunk, is_cut
+from ovspec.ir.headcut import embedding_model, head_model
 from ovspec.ir.partition import split_in_two
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import RewriteSet
@@ -37,7 +39,8 @@ class DirectPrograms:
     With ``rung_chunk_tokens`` every rung's decode runs on its 1..P prefill graph, as
     ``LoadMode.COMPILE`` serves the prompt's rung (later rungs there get static decode
     graphs, the ``one_graph=False`` cases). With ``halves`` every graph is compiled as
-    two halves run one after the other (``compile/halves.py``)."""
+    two halves run one after the other (``compile/halves.py``). Graphs whose LM head
+    and embedding were cut out share them (``compile/sharedhead.py``)."""
 
     def __init__(
         self,
@@ -52,10 +55,11 @@ class DirectPrograms:
         self.properties = dict(EXACT_CPU_PROPERTIES if properties is None else properties)
         self.rewrites = rewrites or RewriteSet()
         self.rung_chunk_tokens = rung_chunk_tokens
-        self.compiled: dict[Specialization, ov.CompiledModel] = {}
+        self.compiled: dict[Specialization, Any] = {}
         self.core = ov.Core()
+        self.parts: dict[str, ov.CompiledModel] = {}
 
-    def get(self, spec: Specialization) -> ov.CompiledModel:
+    def get(self, spec: Specialization) -> Any:
         # Every rung decodes on its prefill graph (as the prompt's rung does in COMPILE mode).
         spec = serving_spec(spec, self.rung_chunk_tokens, spec.capacity_tokens)
         if spec not in self.compiled:
@@ -66,7 +70,25 @@ class DirectPrograms:
                 self.compiled[spec] = compile_halves(self.core, cut, "CPU", self.properties)
             else:
                 self.compiled[spec] = self.core.compile_model(model, "CPU", self.properties)
+            body = self.compiled[spec]
+            chunk = embedding_chunk(body)
+            head = lookup = None  # the shared head and embedding rewrites' parts
+            if is_cut(body):
+                head = self._part("head", lambda: head_model(self.llm.model, self.llm.roles))
+            if chunk is not None:
+                lookup = self._part(
+                    f"embedding:{chunk}",
+                    lambda: embedding_model(self.llm.model, self.llm.roles, chunk),
+                )
+            if head is not None or lookup is not None:
+                self.compiled[spec] = CutCompiledModel(body, head, lookup)
         return self.compiled[spec]
+
+    def _part(self, label: str, make: Callable[[], ov.Model]) -> ov.CompiledModel:
+        """A shared part, compiled once (made only when asked for)."""
+        if label not in self.parts:
+            self.parts[label] = self.core.compile_model(make(), "CPU", self.properties)
+        return self.parts[label]
 
     def release(self, spec: Specialization) -> None:
         pass  # tests keep every graph

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """How often the NPU path (NPUW on CPU subdevices) holds a model's weights: for a ladder
-of rungs against its top rung alone, the store's blob bytes and the peak RSS of a fresh
-process that imports every rung's decode graph and runs each once. Three arms: full blobs
-(the weights in each), weightless blobs naming the model's one weights bank (the profile's
-default), and weightless blobs with a bank per rung (the control: what the bank saves).
-Prints the figures and writes docs/benchmarks/npu-weights.md with its raw samples
+of rungs against its top rung alone, the store's blob bytes (the rungs' and the shared LM
+head's and embedding's) and the peak RSS of a fresh process that imports every rung's
+decode graph and runs each once. Three arms: full blobs (the weights in each), weightless
+blobs naming the model's one weights bank (the profile's default), and weightless blobs
+with a bank per rung (the control: what the bank saves). Prints the figures and writes
+docs/benchmarks/npu-weights.md with its raw samples
 (results/npu-weights.json); about 2 min for builtin:small:
 
     python tools/npu_weights.py
     python tools/npu_weights.py --model builtin:qwen2.5-0.5b --out /tmp/w
+    python tools/npu_weights.py --rewrites \
+        split-attention+last-position-logits+result-guard+shared-head+shared-embedding
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import click
 from ovspec.bench.common.environment import environment, load_average
 from ovspec.bench.common.pages import write_page
 from ovspec.bench.npu.weights_page import PAGE, RESULTS_FORMAT
+from ovspec.errors import ModelError
 from ovspec.ir.model_dir import resolve_model
+from ovspec.ir.rewrites import RewriteSet
 
 PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 
@@ -49,6 +54,7 @@ from ovspec.compile.compiler import Compiler
 from ovspec.compile.devices.npuw import WEIGHTS_BANK
 from ovspec.compile.modes import BlobMode
 from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import Specialization
 from ovspec.store.local import Store
 
@@ -57,19 +63,22 @@ def status(name):
         if line.startswith(name + ":"):
             return int(line.split()[1]) * 1024
 
-root, model, store, mode, properties, capacities, per_rung, action = sys.argv[1:]
+root, model, store, mode, properties, capacities, per_rung, rewrites, action = sys.argv[1:]
+rewrites = None if rewrites == "default" else RewriteSet.parse(rewrites)
 model, store, properties = ModelDir.open(model), Store(Path(store)), json.loads(properties)
 compilers = {}
 def compiler(capacity):
     bank = {WEIGHTS_BANK: f"npu-weights-rung-{capacity}"} if per_rung == "1" else {}
     key = capacity if bank else 0
     if key not in compilers:
-        compilers[key] = Compiler(model, "NPU", {**properties, **bank}, store,
+        compilers[key] = Compiler(model, "NPU", {**properties, **bank}, store, rewrites=rewrites,
                                   blob_mode=BlobMode(mode))
     return compilers[key]
 if action == "build":
-    print(json.dumps({"blob_bytes": [compiler(c).build(Specialization.decode(c)).blob_bytes
-                                     for c in json.loads(capacities)]}))
+    built = [compiler(c).build(Specialization.decode(c)).blob_bytes
+             for c in json.loads(capacities)]
+    shared = [c.ends.build(1) for c in compilers.values()]  # the shared head and embedding
+    print(json.dumps({"blob_bytes": built, "shared_bytes": sum(shared)}))
     sys.exit(0)
 programs, rss = [], []
 for capacity in json.loads(capacities):
@@ -89,14 +98,16 @@ def _child(args: list[str]) -> dict[str, Any]:
     return result
 
 
-def _runs(model: str, capacities: list[int], scratch: Path) -> tuple[int, list[dict[str, Any]]]:
+def _runs(
+    model: str, capacities: list[int], rewrites: str, scratch: Path
+) -> tuple[int, list[dict[str, Any]]]:
     model_dir = resolve_model(model, scratch / "models")
     runs: list[dict[str, Any]] = []
     for arm, (mode, per_rung) in ARMS.items():
         for rungs in (capacities[-1:], capacities):
             store = scratch / f"{mode}-{int(per_rung)}-{len(rungs)}"
             args = [str(model_dir.root), str(store), mode, json.dumps(NPUW), json.dumps(rungs)]
-            args.append("1" if per_rung else "0")
+            args += ["1" if per_rung else "0", rewrites]
             built = _child([*args, "build"])
             imported = _child([*args, "import"])
             runs.append({"arm": arm, "blob_mode": mode, "rungs": rungs, **built, **imported})
@@ -107,27 +118,39 @@ def _runs(model: str, capacities: list[int], scratch: Path) -> tuple[int, list[d
 @click.option("--model", default="builtin:small", show_default=True)
 @click.option("--ladder", default="64,128,256,512", show_default=True)
 @click.option(
+    "--rewrites",
+    default="default",
+    show_default=True,
+    help="The graphs' rewrite set (e.g. adding shared-embedding); default: the profile's.",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=PAGES,
     show_default=True,
     help="Where npu-weights.md and results/npu-weights.json go.",
 )
-def main(model: str, ladder: str, out: Path) -> None:
+def main(model: str, ladder: str, rewrites: str, out: Path) -> None:
     try:
         capacities = [int(c) for c in ladder.split(",")]
     except ValueError:
         raise click.BadParameter(
             f"takes comma-separated integers (got {ladder!r})", param_hint="--ladder"
         ) from None
+    if rewrites != "default":
+        try:
+            RewriteSet.parse(rewrites)
+        except ModelError as exc:
+            raise click.BadParameter(str(exc), param_hint="--rewrites") from None
     load_start = load_average()
     with tempfile.TemporaryDirectory(prefix="npu-weights-") as scratch:
-        bin_bytes, runs = _runs(model, capacities, Path(scratch))
+        bin_bytes, runs = _runs(model, capacities, rewrites, Path(scratch))
     mib = 1 << 20
     print(f"{model}: .bin {bin_bytes / mib:.1f} MiB; decode rungs, NPU with NPUW_DEVICES=CPU")
     print(f"{'arm':<27}{'rungs':>6}{'store MiB':>11}{'peak RSS MiB':>14}{'per rung MiB':>14}")
     for run in runs:
-        stored, peak = sum(run["blob_bytes"]) / mib, run["peak_rss_bytes"] / mib
+        stored = (sum(run["blob_bytes"]) + run["shared_bytes"]) / mib
+        peak = run["peak_rss_bytes"] / mib
         after = run["rss_after_rung_bytes"]
         steps = " ".join(f"{(b - a) / mib:.0f}" for a, b in itertools.pairwise(after)) or "-"
         print(f"{run['arm']:<27}{len(run['rungs']):>6}{stored:>11.1f}{peak:>14.0f}  {steps}")
@@ -140,6 +163,7 @@ def main(model: str, ladder: str, out: Path) -> None:
         "command": shlex.join(["python", "tools/npu_weights.py", *sys.argv[1:]]),
         "model": model,
         "ladder": ladder,
+        "rewrites": rewrites,
         "bin_bytes": bin_bytes,
         "properties": NPUW,
         "runs": runs,

@@ -34,6 +34,7 @@ from ovspec.compile.halves import CompiledGraph, compile_halves
 from ovspec.compile.modes import BlobMode, LoadMode
 from ovspec.compile.preparing import PreparedModel
 from ovspec.compile.programs import BuildOutcome, Program
+from ovspec.compile.sharedhead import SharedEnds
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.compression import Compression, CompressionMode
 from ovspec.ir.model_dir import ModelDir
@@ -127,6 +128,7 @@ class Compiler:
         # Builds each blob elsewhere into the store (the device/host split's host
         # process); this compiler imports what it published.
         self.delegate = delegate
+        self.ends = SharedEnds(self)  # the head and embeddings the cut graphs share
 
     # -- the dynamic graph, prepared once -----------------------------------------
 
@@ -218,6 +220,15 @@ class Compiler:
             )
         return BlobKey.from_values(values)
 
+    def part_key(self, label: str) -> BlobKey:
+        """A shared head's or embedding's key: the graphs' components and its ``label``."""
+        self.key(Specialization.decode(1))  # completes the static values
+        assert self._static_values is not None and self._compile_properties is not None
+        part = {**self._compile_properties, **self.profile.part_properties(self.properties)}
+        properties = self.profile.key_properties(part)
+        values = {**self._static_values, "properties": properties, "specialization": label}
+        return BlobKey.from_values(values)
+
     def _graph_properties(self, spec: Specialization) -> dict[str, str]:
         assert self._compile_properties is not None
         return self.profile.graph_properties(spec, self._compile_properties)
@@ -225,8 +236,11 @@ class Compiler:
     # -- build and import ---------------------------------------------------------
 
     def build(self, spec: Specialization) -> BuildOutcome:
-        """Make sure the blob of ``spec`` is in the store; compile it if it is not."""
+        """Make sure the blob of ``spec`` is in the store (and the LM head's and the
+        embedding's, when the graphs share them); compile it if it is not."""
         outcome, _ = self._build(spec, keep_import=False)
+        if self.rewrites.rewrites & {GraphRewrite.SHARED_HEAD, GraphRewrite.SHARED_EMBEDDING}:
+            self.ends.build(spec.chunk_tokens)
         return outcome
 
     def _build(
@@ -326,7 +340,7 @@ class Compiler:
         COMPILE: compile the specialization (or reuse its rung's graph) from the IR; with
         ``halves`` as two halves side by side (``compile/halves.py``; IMPORT ignores it)."""
         if self.load_mode is LoadMode.COMPILE:
-            return self._compile_program(spec, halves)
+            return self.ends.attach(self._compile_program(spec, halves))
         host = None
         if self.delegate is not None:  # the delegate publishes; the import below hits
             host = self.delegate.build(spec)
@@ -342,7 +356,7 @@ class Compiler:
                 host_s=host.host_s,
             )
             program = dataclasses.replace(program, build=build)
-        return program
+        return self.ends.attach(program)
 
     def import_properties(self) -> dict[str, Any]:
         """What import needs: the runtime config (blobs do not carry it) and, for a

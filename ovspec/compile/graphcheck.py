@@ -3,13 +3,14 @@ past K/V inputs, its attention mask and its logits must have the static shapes (
 bounds) the specialization and the model's roles give. A blob whose shapes say another
 specialization (an unsigned manifest pointing decode@32's key at decode@64's payload)
 imports fine and would fail at the first ``set_tensor``; this refuses it before it is
-committed or used.
+committed or used. A graph whose LM head was cut out ends at the hidden state instead.
 """
 
 from __future__ import annotations
 
 import openvino as ov
 
+from ovspec.ir.headcut import HIDDEN_OUTPUT
 from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import Specialization
 
@@ -49,7 +50,9 @@ def mismatch(compiled: ov.CompiledModel, spec: Specialization, roles: ModelRoles
         span = (cap + chunk, cap + chunk) if mask.is_static else (cap + 1, cap + chunk)
         problems.append(_wrong(roles.attention_mask, mask, [(1, 1), span]))
     logits = outputs.get(roles.logits)
-    if logits is None:
+    if logits is None and HIDDEN_OUTPUT in outputs:
+        pass  # its LM head was cut out (ir/headcut.py): the shared head returns the logits
+    elif logits is None:
         problems.append(f"it has no output {roles.logits}")
     elif roles.vocab_tokens is not None:
         last = _dims(logits)[-1:] if logits.rank.is_static else []

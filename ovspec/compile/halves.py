@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import openvino as ov
 
 from ovspec.ir.partition import GraphHalves
+
+if TYPE_CHECKING:
+    from ovspec.compile.sharedhead import CutCompiledModel
 
 
 class HalvedCompiledModel:
@@ -59,8 +62,9 @@ class HalvedCompiledModel:
         return HalvedInferRequest(self)
 
 
-# What the loader and a session hold: one compiled model, or two halves run as one.
-CompiledGraph: TypeAlias = "ov.CompiledModel | HalvedCompiledModel"
+# What the loader and a session hold: one compiled model, or two halves run as one, or
+# either run between the shared embedding and LM head (compile/sharedhead.py).
+CompiledGraph: TypeAlias = "ov.CompiledModel | HalvedCompiledModel | CutCompiledModel"
 
 
 class HalvedInferRequest:

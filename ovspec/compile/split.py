@@ -136,14 +136,20 @@ def pin_split(split: CoreSplit, decode_tid: int) -> None:
     again around every load: threads OpenVINO creates later inherit their creator's
     cores, which may be the decode thread's. OpenVINO should have started before this
     with the whole mask: a thread entering its pool gets the mask it started with.
+    A thread already on exactly the device cores stays there: only the decode thread
+    made it (every other is moved at the first call), for its inference (NPUW's CPU
+    subdevices run each subgraph on a thread made at its first inference; moved to the
+    host, a rung's decode ran beside the successor's import there).
     """
     if not split.decode_thread_only:
         pin_process(split.device)
         return
+    device = set(split.device)
     for tid in _task_ids():
-        cores = split.device if tid == decode_tid else split.host
         with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-            os.sched_setaffinity(tid, cores)
+            if tid != decode_tid and set(os.sched_getaffinity(tid)) == device:
+                continue  # made by the decode thread since the split began: see above
+            os.sched_setaffinity(tid, split.device if tid == decode_tid else split.host)
 
 
 def _task_ids() -> list[int]:

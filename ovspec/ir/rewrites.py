@@ -28,6 +28,7 @@ from ovspec.ir.graph_io import (
     live_tokens_state,
     merged_presents,
 )
+from ovspec.ir.headcut import cut_embedding, cut_head
 from ovspec.ir.roles import KVKind, ModelRoles
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class GraphRewrite(Enum):
     LIVE_STATE = "live-tokens-state"
     MERGED_PRESENTS = "merged-presents"
     RESULT_GUARD = "result-guard"
+    SHARED_HEAD = "shared-head"
+    SHARED_EMBEDDING = "shared-embedding"
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ def apply_rewrites(
     rewrite: ~35 ms of a specialization on the 0.5B preset)."""
     notes: list[str] = []
     changed = False
+    one_row = not prefill  # the LM head reads one row of the graph's output
     if GraphRewrite.SPLIT_ATTENTION in rewrites:
         try:
             split_attention(model, roles)
@@ -102,7 +106,7 @@ def apply_rewrites(
     if prefill and GraphRewrite.LAST_POSITION in rewrites:
         try:
             last_position_logits(model, roles)
-            changed = True
+            changed = one_row = True
         except RewriteRefused as exc:
             notes.append(f"last-position-logits not applied: {exc}")
     if GraphRewrite.LIVE_STATE in rewrites:
@@ -110,6 +114,16 @@ def apply_rewrites(
         changed = True
     if changed:
         model.validate_nodes_and_infer_types()
+    if GraphRewrite.SHARED_HEAD in rewrites:
+        try:  # after last-position-logits: the head then reads one row
+            cut_head(model, roles, one_row)
+        except RewriteRefused as exc:
+            notes.append(f"shared-head not applied: {exc}")
+    if GraphRewrite.SHARED_EMBEDDING in rewrites:
+        try:  # after the types: it reads the embeddings' static shape
+            cut_embedding(model, roles)
+        except RewriteRefused as exc:
+            notes.append(f"shared-embedding not applied: {exc}")
     if GraphRewrite.MERGED_PRESENTS in rewrites:
         try:  # last: it compares the presents' inferred shapes (its new ops type themselves)
             merged_presents(model, roles)

@@ -110,9 +110,12 @@ class History:
         the prompt rung's prefill graph when built (its prompt run is not recorded: the
         same for every schedule that starts there)."""
         fetch = self.fetch_s()
+        built = self.ready_s()
         ready = {
-            r: fetch.get(r, rec.build_s) + (self.steps[r].import_s if r in self.steps else 0.0)
-            for r, rec in self.decode.items()
+            r: fetch[r] + (self.steps[r].import_s if r in self.steps else 0.0)
+            if r in fetch
+            else built[r]
+            for r in self.decode
         }
         prefill = self.prefill_ready_s()
         return AutoCosts(
@@ -121,9 +124,13 @@ class History:
             prefill_ready_s={prompt_rung: prefill} if prefill is not None else {},
         )
 
-    def compile_s(self) -> dict[int, float]:
-        """Build seconds (compile + export) per rung; import is not in the history."""
-        return {rung: record.build_s for rung, record in self.decode.items()}
+    def ready_s(self) -> dict[int, float]:
+        """Seconds until each rung's program is usable when built now: its recorded
+        build plus the import past runs recorded for it (0 where none ran it yet)."""
+        return {
+            rung: record.build_s + (self.steps[rung].import_s if rung in self.steps else 0.0)
+            for rung, record in self.decode.items()
+        }
 
     def fetch_s(self) -> dict[int, float]:
         """Fetch seconds (bytes / measured bandwidth) of each rung the remote holds;

@@ -376,9 +376,12 @@ def _history_costs(
     finally:
         compiler.close()
     if gathered.compile_s is None:
-        gathered.compile_s = recorded.compile_s()
-    gathered.fetch_s = recorded.fetch_s()
+        gathered.compile_s = recorded.ready_s()
     steps = recorded.steps
+    gathered.fetch_s = {
+        r: fetch_s + (steps[r].import_s if r in steps else 0.0)
+        for r, fetch_s in recorded.fetch_s().items()
+    }
     if gathered.decode_s is None and all(r in steps for r in rungs):
         gathered.decode_s = recorded.decode_s_per_token()
         runs = min(steps[r].runs for r in rungs)
@@ -395,6 +398,7 @@ def _history_costs(
             "export_s": record.export_s,
             "blob_bytes": record.blob_bytes,
             "on_remote": record.on_remote,
+            "recorded_import_s": steps[r].import_s if r in steps else None,
         }
     prefill_ready = recorded.prefill_ready_s()
     if recorded.prefill is not None and prefill_ready is not None:
@@ -403,7 +407,8 @@ def _history_costs(
     else:
         gathered.prefill_note = "prefill graph: not in the history, counted 0"
     gathered.sources["compile"] = (
-        "store history: recorded compile + export (import not measured; --measure adds it)"
+        "store history: recorded compile + export, plus the import past runs recorded "
+        "per rung (step-times.json; 0 for a rung no run has imported yet)"
     )
     if store.tier is not None:
         on_remote = [r for r, rec in recorded.decode.items() if rec.on_remote]

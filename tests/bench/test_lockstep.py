@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ovspec.bench.common.lockstep import LockstepArm, round_order, run_lockstep
+from ovspec.bench.common.lockstep import ENV_FD, LockstepArm, round_order, run_lockstep
 from ovspec.bench.common.lockstep_stats import (
     block_rates,
     in_band,
@@ -21,6 +21,7 @@ from ovspec.bench.common.lockstep_stats import (
     lockstep_ratio,
     paired_blocks,
 )
+from ovspec.bench.speed.arm import LOCKSTEP_FD_ENV
 from ovspec.errors import TrialError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,6 +78,12 @@ def test_an_arm_that_fails_is_reported_and_the_other_goes_on() -> None:
     assert set(found.schedule) == {"b"}
     with pytest.raises(TrialError, match="distinct arms"):
         run_lockstep([broken, broken], block_tokens=4)
+
+
+def test_the_speed_arm_reads_the_coordinators_pipe_by_its_name() -> None:
+    """The speed arm checks the variable without importing the coordinator (genai's
+    arm imports no more of ovspec than it must): the two names must agree."""
+    assert LOCKSTEP_FD_ENV == ENV_FD
 
 
 def test_round_order_reverses_every_other_round() -> None:

@@ -55,14 +55,66 @@ def test_the_tool_runs_end_to_end_and_writes_its_page(tmp_path: Path) -> None:
         "MAX_PROMPT_LEN": "64",
         "MIN_RESPONSE_LEN": "64",
     }
+    # Under the split by default: genai all on the device core(s) once built; ovspec's
+    # decode thread there too.
+    assert results["split"] is not None and results["cases"]["custom"]["config"]["split"]
+    for run in runs:
+        cpu = run["decode_cpu_s"]
+        assert cpu["device"] > 0
+        if run["arm"] != "ovspec-npu":
+            assert cpu["other"] == 0
     text = (out / "npu-plugin.md").read_text(encoding="utf-8")
     assert text == render(results)
+    assert "Cores: an emulated device/host split" in text
+    assert "Decode CPU on the device cores (median): `genai-npu` 100%" in text
     assert "--model" in text and "tests/data/qwen2" in text  # the command that made it
     assert "| figure | genai-npu | genai-npu-pyramid | ovspec-npu |" in text
     assert "| reserved KV, token-weighted (tokens) | 128 | 128 |" in text
     assert "| decode, 64–128 live (ms/token) |" in text
     assert "`ovspec-npu`: 1/1 runs' full token lists equal genai-npu's first run's" in text
     assert "tokens identical: yes" in text
+
+
+def test_a_split_the_machine_cannot_give_is_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(TOOL), "--split", "0/0", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode != 0
+    assert "overlap" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_decode_cpu_is_split_by_the_cores_each_thread_is_on() -> None:
+    from ovspec.bench.speed.arm import decode_cpu_s
+
+    before = {1: (1.0, (0,)), 2: (0.5, (0, 1))}
+    after = {1: (3.0, (0,)), 2: (1.0, (1,)), 3: (0.25, (0, 1))}  # 3 began in between
+    assert decode_cpu_s(before, after, (0,)) == {"device": 2.0, "other": 0.75}
+
+
+def test_each_page_names_its_own_results_and_says_how_the_cores_were_shared() -> None:
+    from ovspec.bench.npu.page import render_shared_cores
+
+    results = json.loads(
+        (ROOT / "docs/benchmarks/results/npu-plugin-shared-cores.json").read_text()
+    )
+    shared = render_shared_cores({**results, "split": None})
+    assert "from `results/npu-plugin-shared-cores.json`" in shared
+    assert "Cores: no split, every arm on every core." in shared
+    split = render({**results, "split": {"device": [0], "host": [1]}})
+    assert "from `results/npu-plugin.json`" in split
+    assert "device core(s) 0" in split and "host core(s) 1" in split
+
+
+def test_a_band_the_answer_never_reached_is_not_shown() -> None:
+    from ovspec.bench.npu.page import _figures
+
+    config = {"prompt_tokens": 96, "new_tokens": 400, "bands": [[96, 128], [256, 512], [512, 1024]]}
+    labels = [f[0] for f in _figures(config)]
+    assert "decode, 256–512 live (ms/token)" in labels
+    assert not any("512–1024" in label for label in labels)
 
 
 def test_the_tool_says_what_it_takes() -> None:

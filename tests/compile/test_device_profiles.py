@@ -39,12 +39,14 @@ def test_each_device_gets_its_familys_profile_or_the_fallback(
     assert type(chosen) is profile and chosen.device == device
 
 
-def test_the_cpu_profile_compiles_from_the_ir_with_every_rewrite_but_the_npuw_guard() -> None:
+def test_the_cpu_profile_compiles_from_the_ir_with_every_rewrite_but_the_npu_ones() -> None:
     cpu = profile_for("CPU")
     assert cpu.default_load_mode is LoadMode.PAGED and cpu.runs_paged_attention
     assert cpu.rung_load_mode is LoadMode.COMPILE  # where rung graphs are asked for
     assert cpu.default_rewrites.rewrites == RewriteSet.every().rewrites - {
-        GraphRewrite.RESULT_GUARD
+        GraphRewrite.RESULT_GUARD,
+        GraphRewrite.SHARED_HEAD,  # the NPU path's: CPU graphs stay as they were
+        GraphRewrite.SHARED_EMBEDDING,
     }
     assert GraphRewrite.LIVE_STATE in cpu.default_rewrites
     assert dict(cpu.exact_properties) == EXACT_CPU_PROPERTIES
@@ -58,12 +60,14 @@ def test_the_cpu_profile_compiles_from_the_ir_with_every_rewrite_but_the_npuw_gu
 
 
 @pytest.mark.parametrize(
-    ("device", "extra"), [("NPU", {GraphRewrite.RESULT_GUARD}), ("GPU", set())]
+    ("device", "extra"),
+    [("NPU", {GraphRewrite.RESULT_GUARD, GraphRewrite.SHARED_HEAD}), ("GPU", set())],
 )
 def test_other_devices_take_blobs_the_portable_rewrites_and_nothing_measured(
     device: str, extra: set[GraphRewrite]
 ) -> None:
-    """NPU adds the guard its NPUW partitioner needs (tests/compile/test_npuw.py)."""
+    """NPU adds the guard its NPUW partitioner needs (tests/compile/test_npuw.py) and
+    one LM head for every graph (tests/compile/test_shared_head.py)."""
     profile = profile_for(device)
     assert profile.default_load_mode is LoadMode.IMPORT
     assert profile.default_rewrites.rewrites == PORTABLE.rewrites | extra

@@ -18,6 +18,7 @@ from ovspec.compile.devices.npuw import PLUGIN_MODE, USE_NPUW
 from ovspec.compile.modes import LoadMode
 from ovspec.compile.worker import blob_identity_hash
 from ovspec.errors import DeviceError
+from ovspec.ir.headcut import HIDDEN_OUTPUT
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import GraphRewrite
 from ovspec.ir.specialize import Specialization
@@ -44,12 +45,14 @@ def test_its_properties_are_completed_and_a_contradiction_refused() -> None:
     assert npuw.loader_properties(NPUW) == {**NPUW, USE_NPUW: "YES"}
     with pytest.raises(DeviceError, match="NPU_USE_NPUW=NO turns off"):
         npuw.required_properties({**NPUW, USE_NPUW: "NO"})
-    # The NPU path's defaults: the portable rewrites and the guard NPUW needs.
+    # The NPU path's defaults: the portable rewrites, the guard NPUW needs and the head
+    # one model for every graph.
     assert npuw.default_load_mode is LoadMode.IMPORT
     assert npuw.default_rewrites.rewrites == {
         GraphRewrite.SPLIT_ATTENTION,
         GraphRewrite.LAST_POSITION,
         GraphRewrite.RESULT_GUARD,
+        GraphRewrite.SHARED_HEAD,
     }
     assert npuw.trial_properties(NPUW, frozenset({"NPU_BYPASS_UMD_CACHING"})) == NPUW
 
@@ -110,10 +113,13 @@ def test_its_blobs_are_stored_under_their_own_keys_and_never_served_to_the_cpu(
         events = decode(cpu, prompt, max_new_tokens=2).events
     assert EventKind.STORE_HIT not in {e.kind for e in events}
     with Store(store) as opened:
-        devices = sorted(entry.values()["device"] for entry in opened.entries())
+        graphs = [e for e in opened.entries() if e.values()["specialization"] != "lm-head"]
+        heads = [e.values()["device"] for e in opened.entries() if e not in graphs]
+        devices = sorted(entry.values()["device"] for entry in graphs)
         identities = [entry.values()["device_architecture"] for entry in opened.entries()]
     assert devices.count("NPU") == devices.count("CPU") > 0
-    assert sum(PLUGIN_MODE in a for a in identities) == devices.count("NPU")
+    assert heads == ["NPU"]  # the NPU path's graphs share one LM head: an entry of its own
+    assert sum(PLUGIN_MODE in a for a in identities) == devices.count("NPU") + 1
 
 
 @pytest.mark.parametrize("policy", [Policy.ONE_AHEAD, Policy.ON_DEMAND])
@@ -162,7 +168,7 @@ def test_a_kv_bound_as_shared_memory_is_read_in_place_each_step(qwen2_dir: Path)
     for name, array in feeds.items():
         bound.set_tensor(name, ov.Tensor(array, shared_memory=True))
     assert np.shares_memory(bound.get_tensor(past).data, feeds[past])
-    logits = llm.roles.logits
+    logits = HIDDEN_OUTPUT  # the graph ends at the hidden state (the head is shared)
     bound.infer()
     before = bound.get_tensor(logits).data.copy()
     feeds[past][...] = -feeds[past]  # in place: the request is not told

@@ -130,6 +130,27 @@ def test_pin_split_puts_the_decode_thread_on_the_device_and_the_rest_on_the_host
         probe.start()
         probe.join()
         assert late == [set(split.device)]
+        # A pin around a later load leaves such a thread there (it serves the decode's
+        # inference: NPUW's subdevice threads) and moves a thread on every core.
+        made, go = threading.Event(), threading.Event()
+        inference: list[int] = []
+
+        def serves_the_decode() -> None:
+            inference.append(threading.get_native_id())
+            made.set()
+            go.wait()
+
+        kept = threading.Thread(target=serves_the_decode)
+        kept.start()
+        made.wait()
+        os.sched_setaffinity(tids[0], set(cores))
+        try:
+            pin_split(split, threading.get_native_id())
+            assert os.sched_getaffinity(inference[0]) == set(split.device)
+            assert os.sched_getaffinity(tids[0]) == set(split.host)
+        finally:
+            go.set()
+            kept.join()
     finally:
         stop.set()
         thread.join()

@@ -13,6 +13,7 @@ from conftest import DirectPrograms, load_llm
 from ovspec.compile.devices import profile_for
 from ovspec.errors import ModelError
 from ovspec.ir.graph_io import LIVE_TOKENS_VARIABLE, PRESENTS_OUTPUT
+from ovspec.ir.headcut import EMBEDS_INPUT, HIDDEN_OUTPUT, embedding_model, head_model
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES, StatefulRunner
 from ovspec.ir.rewrites import (
     GraphRewrite,
@@ -29,6 +30,10 @@ SETS = {
     "none": RewriteSet(),
     "split": RewriteSet.parse("split-attention"),
     "npu-default": profile_for("NPU").default_rewrites,
+    # Every graph starts at the token embeddings, too (a model of its own per chunk).
+    "npu-embedding": RewriteSet(
+        profile_for("NPU").default_rewrites.rewrites | {GraphRewrite.SHARED_EMBEDDING}
+    ),
     "cpu-default": profile_for("CPU").default_rewrites,
     # CPU's set with one output per present (before merged presents).
     "cpu-separate": RewriteSet.parse("split-attention+last-position-logits+live-tokens-state"),
@@ -177,10 +182,46 @@ def test_merged_presents_refuses_presents_of_different_shapes(qwen2_dir: Path) -
 
 def test_last_position_head_computes_one_row(qwen2_dir: Path) -> None:
     llm = load_llm(qwen2_dir)
-    prefill = llm.specialize(Specialization.prefill(32, 8), SETS["npu-default"])
+    portable = RewriteSet.parse("split-attention+last-position-logits")
+    prefill = llm.specialize(Specialization.prefill(32, 8), portable)
     assert list(prefill.output("logits").get_shape())[:2] == [1, 1]
-    decode = llm.specialize(Specialization.decode(32), SETS["npu-default"])
+    decode = llm.specialize(Specialization.decode(32), portable)
     assert list(decode.output("logits").get_shape())[:2] == [1, 1]
+
+
+def test_the_shared_head_cut_ends_every_graph_at_one_hidden_row(qwen2_dir: Path) -> None:
+    """Decode and last-position prefill graphs end at the hidden state the one head
+    model takes; a prefill whose head reads every row keeps its head (fail open)."""
+    llm = load_llm(qwen2_dir)
+    head = head_model(llm.model, llm.roles)
+    width = head.input(0).get_shape()
+    assert list(width)[:2] == [1, 1] and "logits" in head.output(0).names
+    for spec in (Specialization.prefill(32, 8), Specialization.decode(32)):
+        graph = llm.specialize(spec, SETS["npu-default"])
+        names = {n for o in graph.outputs for n in o.names}
+        assert "logits" not in names
+        assert graph.output(HIDDEN_OUTPUT).get_shape() == width
+    every_row = llm.specialize(Specialization.prefill(32, 8), RewriteSet.parse("shared-head"))
+    assert list(every_row.output("logits").get_shape())[:2] == [1, 8]
+
+
+def test_the_shared_embedding_cut_feeds_every_graph_its_embeddings(qwen2_dir: Path) -> None:
+    """Static graphs take the embeddings the lookup model returns for their chunk; a
+    graph whose chunk varies keeps its lookup (fail open)."""
+    llm = load_llm(qwen2_dir)
+    for spec in (Specialization.prefill(32, 8), Specialization.decode(32)):
+        graph = llm.specialize(spec, SETS["npu-embedding"])
+        lookup = embedding_model(llm.model, llm.roles, spec.chunk_tokens)
+        shape = lookup.output(0).get_shape()
+        assert list(shape)[:2] == [1, spec.chunk_tokens]
+        assert graph.input(EMBEDS_INPUT).get_shape() == shape
+        assert not any(
+            op.get_type_name() == "Gather" and op.get_output_partial_shape(0) == shape
+            for op in graph.get_ordered_ops()
+        )
+    live = RewriteSet(SETS["cpu-default"].rewrites | {GraphRewrite.SHARED_EMBEDDING})
+    varying = llm.specialize(Specialization.prefill(32, 8), live)
+    assert EMBEDS_INPUT not in {n for p in varying.inputs for n in p.names}
 
 
 def test_live_state_graph_builds_its_own_mask_and_positions(qwen2_dir: Path) -> None:
@@ -215,7 +256,8 @@ def test_a_refused_rewrite_leaves_the_graph_as_it_was(qwen2_dir: Path) -> None:
 def test_rewrite_sets_parse_and_name_themselves() -> None:
     every = RewriteSet.every()
     assert every.canonical == (
-        "last-position-logits+live-tokens-state+merged-presents+result-guard+split-attention"
+        "last-position-logits+live-tokens-state+merged-presents+result-guard+"
+        "shared-embedding+shared-head+split-attention"
     )
     assert RewriteSet.parse(every.canonical) == every
     portable = RewriteSet.parse("split-attention,last-position-logits")

@@ -87,4 +87,11 @@ def test_plan_reads_the_recorded_step_times(tiny_dir: Path, store: Store) -> Non
     report = make_plan(request, store)
     assert report.sources["decode"].startswith("store history: decode seconds per token")
     assert report.costs.decode_s_per_token[64] == pytest.approx(recorded["decode@64"])
+    imports = {t.label: t.import_s for t in read_step_times(store.root).values()}
+    for rung in (32, 64, 128):  # a rung is ready after its build and its recorded import
+        built = report.details[rung]["history"]
+        assert isinstance(built, dict) and built["recorded_import_s"] == imports[f"decode@{rung}"]
+        expected = built["compile_s"] + built["export_s"] + imports[f"decode@{rung}"]
+        assert report.costs.compile_s[rung] == pytest.approx(expected)
+    assert "plus the import past runs recorded" in report.sources["compile"]
     assert report.auto is not None

@@ -1,7 +1,8 @@
-"""Renders the NPU-plugin results document into docs/benchmarks/npu-plugin.md: per case,
-each figure's medians per arm, ovspec's paired ratio to each genai arm with its 95%
-interval, and a verdict the interval's bound decides (``common.verdicts``). Pure (no
-OpenVINO): every figure is recomputed from the saved runs.
+"""Renders the NPU-plugin results document into docs/benchmarks/npu-plugin.md (under the
+device/host split) or npu-plugin-shared-cores.md: per case, each figure's medians per
+arm, ovspec's paired ratio to each genai arm with its 95% interval, and a verdict the
+interval's bound decides (``common.verdicts``). Pure (no OpenVINO): every figure is
+recomputed from the saved runs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ovspec.bench.common.verdicts import Interval, Verdict, at_most, paired_ratio
-from ovspec.bench.npu.runner import OVSPEC_ARM, REFERENCE_ARM
+from ovspec.bench.npu.runner import OVSPEC_ARM, PAGE, REFERENCE_ARM, SHARED_CORES_PAGE
 from ovspec.bench.speed.stats import band_ms
 
 COMMAND = "python tools/bench_npu.py"
@@ -107,10 +108,21 @@ def _figures(
         ("reserved KV, peak (tokens)", lambda r: reserved_peak_tokens(r, config), 0, None),
         ("peak RSS, VmHWM (MiB)", lambda r: float(r["vm_hwm_mib"]), 0, RSS_TARGET),
     ]
-    for lo, hi in config["bands"]:
+    # What the bands' means hold beyond the steps: ovspec's decode waiting for a graph
+    # still building (genai built all of its before the prompt).
+    out.append(("decode waiting for a graph, total (s)", _graph_wait_s, 2, None))
+    # Bands the run reached (a case whose answer stops before the top rung has fewer).
+    last_live = prompt + config["new_tokens"]
+    for lo, hi in (band for band in config["bands"] if band[0] < last_live):
         label = f"decode, {lo}–{hi} live (ms/token)"
         out.append((label, _band_metric(prompt, (lo, hi)), 1, DECODE_TARGET))
     return out
+
+
+def _graph_wait_s(run: Mapping[str, Any]) -> float:
+    """The loader's recorded waits for a graph (the first decode graph after the prompt,
+    then a successor at each boundary); none for genai."""
+    return float(sum(e["seconds"] for e in run.get("loads", []) if e["kind"] == "wait"))
 
 
 def _band_metric(prompt_tokens: int, band: tuple[int, int]) -> Metric:
@@ -152,13 +164,55 @@ def _case_properties(config: Mapping[str, Any], shared: Mapping[str, str]) -> st
 
 
 def render(results: Mapping[str, Any]) -> str:
+    """docs/benchmarks/npu-plugin.md."""
+    return _render(results, PAGE)
+
+
+def render_shared_cores(results: Mapping[str, Any]) -> str:
+    """docs/benchmarks/npu-plugin-shared-cores.md."""
+    return _render(results, SHARED_CORES_PAGE)
+
+
+def _cores_note(split: Mapping[str, Any] | None) -> str:
+    """How the arms shared the machine's cores."""
+    if split is None:
+        return (
+            "Cores: no split, every arm on every core. ovspec one-ahead compiles its next "
+            "rung in the background on the cores it decodes on; on silicon the NPU decodes "
+            "while the host CPU compiles. Under an emulated split: "
+            f"[{PAGE}.md]({PAGE}.md); on shared cores: [{SHARED_CORES_PAGE}.md]"
+            f"({SHARED_CORES_PAGE}.md)."
+        )
+    device = ",".join(str(c) for c in split["device"])
+    host = ",".join(str(c) for c in split["host"])
+    return (
+        f"Cores: an emulated device/host split, device core(s) {device} (the NPU's role: "
+        f"inference) and host core(s) {host} (the host CPU's: compiling), the same for every "
+        "arm; `INFERENCE_NUM_THREADS` is the device core count in every arm. `genai-npu*`: "
+        "the process on the host core(s) while `LLMPipeline` is built (its up-front compile "
+        "of the prefill and generate graphs, necessarily in the same process, before the "
+        "prompt), then all of it on the device core(s) for the prompt and the decode. "
+        "`ovspec-npu`: `--split`: every graph compiled and exported into the store by a "
+        "process on the host core(s), imported in the decode process, whose decode thread "
+        "is on the device core(s) and its other threads (the loader's imports) on the host "
+        "core(s). Each arm thus gets its host core(s) for compiling and its device core(s) "
+        'for inference, as a host CPU beside an NPU would. "decode CPU on the device '
+        "cores\": the decode process's CPU time from the first token to the last spent in "
+        "threads pinned to the device core(s) then, over all its CPU time then (the rest ran "
+        "on the host core(s): ovspec's imports of successors, say). The same arms with no "
+        "split, every arm on every core: "
+        f"[{SHARED_CORES_PAGE}.md]({SHARED_CORES_PAGE}.md)."
+    )
+
+
+def _render(results: Mapping[str, Any], page: str) -> str:
     cases = results["cases"]
     order = results.get("case_order") or sorted(cases)
     properties = ", ".join(f"`{k}={v}`" for k, v in sorted(results["properties"].items()))
     lines = [
         "# The NPU plugin: genai's static pipeline against ovspec's ladder (issue 27)",
         "",
-        "Generated by the command below from `results/npu-plugin.json`; do not edit by hand.",
+        f"Generated by the command below from `results/{page}.json`; do not edit by hand.",
         "",
         "```sh",
         results.get("command", COMMAND),
@@ -177,6 +231,8 @@ def render(results: Mapping[str, Any]) -> str:
         "(import: blobs through a store, cold in every run). Properties given to every "
         f"arm: {properties or 'none'} ({_properties_note(results['properties'])}). "
         f"Wall time {results['wall_s'] / 60:.1f} min.",
+        "",
+        _cores_note(results.get("split")),
         "",
         "genai is configured for the same maximum context as ovspec's top rung: "
         "`MAX_PROMPT_LEN` is the prompt rounded up to 64 tokens (NPUW's alignment), "
@@ -240,7 +296,8 @@ def _case(name: str, case: Mapping[str, Any], shared: Mapping[str, str]) -> list
         f"`MIN_RESPONSE_LEN={context['MIN_RESPONSE_LEN']}`; {config['repetitions']} "
         f"repetitions. Machine: {env.get('cpu_model', '?')}, {env.get('usable_cores', '?')} "
         f"cores, OpenVINO {env.get('openvino', '?')}, ovspec at {env.get('git_commit', '?')}."
-        + _case_properties(config, shared),
+        + _case_properties(config, shared)
+        + (f" Scenario: {config['scenario']}" if config.get("scenario") else ""),
         "",
         "| figure | "
         + " | ".join(arms)
@@ -258,7 +315,21 @@ def _case(name: str, case: Mapping[str, Any], shared: Mapping[str, str]) -> list
             cells += [_cell(interval), verdict]
         goal = f"≤ {target:.1f}×" if target is not None else "–"
         lines.append(f"| {label} | " + " | ".join([*medians, *cells]) + f" | {goal} |")
-    return [*lines, "", *_tokens(runs), ""]
+    return [*lines, "", *_device_cpu(runs, arms), *_tokens(runs), ""]
+
+
+def _device_cpu(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[str]:
+    """Each arm's median share of its decode's CPU time on the device cores (runs under
+    the split only)."""
+    shares = []
+    for arm in arms:
+        mine = [r["decode_cpu_s"] for r in runs if r["arm"] == arm and "decode_cpu_s" in r]
+        kept = [c["device"] / (c["device"] + c["other"]) for c in mine if c["device"] + c["other"]]
+        if kept:
+            shares.append(f"`{arm}` {100 * statistics.median(kept):.0f}%")
+    if not shares:
+        return []
+    return ["Decode CPU on the device cores (median): " + ", ".join(shares) + ".", ""]
 
 
 def _reference_ids(runs: Sequence[Mapping[str, Any]]) -> list[int]:

@@ -1,7 +1,9 @@
 """The NPU-plugin benchmark's cases and their run: each case is a speed run (a fresh
 process per arm, interleaved, paired by repetition) of genai's NPU pipeline, with and
 without its generate pyramid, and ovspec one-ahead, all on ``--device NPU`` with
-``NPUW_DEVICES=CPU``; ``npu.page`` renders the document into docs/benchmarks/npu-plugin.md.
+``NPUW_DEVICES=CPU``, under an emulated device/host core split or on shared cores;
+``npu.page`` renders the document into docs/benchmarks/npu-plugin.md (split) or
+npu-plugin-shared-cores.md.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from ovspec.bench.speed.runner import (
     prefixed,
     run_speed,
 )
+from ovspec.compile.split import CoreSplit
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
 
-PAGE = "npu-plugin"
-# History: 1 — first format (2026-12).
-RESULTS_FORMAT = 1
+PAGE = "npu-plugin"  # under the device/host split
+SHARED_CORES_PAGE = "npu-plugin-shared-cores"  # every arm on every core
+# History: 1 — first format (2026-12); 2 — the split ("split": its cores, or null), and
+# per run under it "decode_cpu_s" (2026-12-03).
+RESULTS_FORMAT = 2
 REFERENCE_ARM = "genai-npu"
 OVSPEC_ARM = "ovspec-npu"
 NPU_ARMS = (REFERENCE_ARM, "genai-npu-pyramid", OVSPEC_ARM)
@@ -53,6 +58,8 @@ class NpuCase:
     ladder: str
     # Properties this case adds for every arm, over the run's.
     extra_properties: tuple[tuple[str, str], ...] = ()
+    # What the case stands for, in a sentence the page shows ("" none).
+    scenario: str = ""
 
     def __post_init__(self) -> None:
         # Refused here, before any run: genai's context must fit the ladder's top.
@@ -63,14 +70,34 @@ CASES: dict[str, NpuCase] = {
     c.name: c
     for c in (
         # builtin:small decodes in milliseconds here: cheap, every rung crossed.
-        NpuCase("small-96", "builtin:small", 96, 400, "128,256,512", NO_FOLDING),
+        NpuCase(
+            "small-96",
+            "builtin:small",
+            96,
+            400,
+            "128,256,512",
+            NO_FOLDING,
+            "the answer nearly fills the configured maximum context (496 of 512 tokens).",
+        ),
+        NpuCase(
+            "small-96-max1024",
+            "builtin:small",
+            96,
+            400,
+            "128,256,512,1024",
+            NO_FOLDING,
+            "a user configures a maximum context of 1024 tokens (genai's MAX_PROMPT_LEN + "
+            "MIN_RESPONSE_LEN, ovspec's top rung) and the answer stops at 496 tokens, "
+            "before half of it: genai reserves the 1024 from the start, ovspec grows "
+            "rung by rung and stops at 512.",
+        ),
         # The 0.5B-shaped preset: 15-40 s to a cold first token and 0.3-2 s per token on
         # NPUW over 2 cores (docs/benchmarks/npu-plugin.md), so 64 tokens, across one
         # boundary (128): about 5 min a repetition of the three arms.
         NpuCase("qwen0.5b-96", "builtin:qwen2.5-0.5b", 96, 64, "128,256"),
     )
 }
-DEFAULT_CASES = ("small-96", "qwen0.5b-96")
+DEFAULT_CASES = ("small-96", "small-96-max1024", "qwen0.5b-96")
 
 
 def run_npu(
@@ -80,10 +107,12 @@ def run_npu(
     properties: Mapping[str, str] = SHARED_NPUW_PROPERTIES,
     arms: Sequence[str] = NPU_ARMS,
     prefill_chunk_tokens: int = 128,
+    split: CoreSplit | None = None,
     on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every case's speed run; returns the results document (each case's runs whole,
-    with genai's NPU context, the KV it reserves, beside them)."""
+    with genai's NPU context, the KV it reserves, beside them). ``split``: every arm's
+    inference on its device cores, its compiles on its host cores (None: shared)."""
     say = on_progress or (lambda _m: None)
     if not cases:
         raise BadRequestError("no cases to run")
@@ -101,11 +130,26 @@ def run_npu(
             repetitions=repetitions,
             arms=tuple(arms),
             prefill_chunk_tokens=prefill_chunk_tokens,
+            split=_text(split),
         )
         say(f"case {case.name}: {', '.join(arms)}, {repetitions} repetitions")
         case_properties = {**properties, **dict(case.extra_properties)}
         results = run_speed(config, case_properties, prefixed(say, case.name))
         results["config"]["prompt_text"] = "random ids"
+        results["config"]["scenario"] = case.scenario
         results["config"]["genai_context"] = npu_context_properties(case.prompt_tokens, ladder)
         out[case.name] = results
-    return cases_document(out, began, properties, format=RESULTS_FORMAT)
+    return cases_document(
+        out,
+        began,
+        properties,
+        format=RESULTS_FORMAT,
+        split=split.to_json() if split is not None else None,
+    )
+
+
+def _text(split: CoreSplit | None) -> str:
+    """``split`` as ``CoreSplit.parse`` reads it ("" for none)."""
+    if split is None:
+        return ""
+    return "/".join(",".join(str(c) for c in cores) for cores in (split.device, split.host))

@@ -27,6 +27,27 @@ def _steps_mib(run: Mapping[str, Any]) -> str:
     return ", ".join(steps) or "–"
 
 
+def _rewrites(results: Mapping[str, Any]) -> str:
+    """The rewrite set the graphs were built with; nothing for results from before the
+    set (and the shared head and embedding) were recorded."""
+    if "rewrites" not in results:
+        return ""
+    chosen = results["rewrites"]
+    named = "the profile's default set" if chosen == "default" else f"`{chosen}`"
+    return (
+        f", graphs rewritten with {named}. Where the graphs end at the final hidden state "
+        "(and start at the token embeddings), the LM head (and the embedding) are compiled "
+        "models of their own per compiler, so one for the ladder (one per rung in the "
+        "control), with store entries of their own, counted in the store column"
+    )
+
+
+def _store_mib(run: Mapping[str, Any]) -> float:
+    """The rungs' blobs and the shared LM head's and embedding's (results from before the
+    cut have none)."""
+    return float(sum(run["blob_bytes"]) + run.get("shared_bytes", 0)) / MIB
+
+
 def render(results: Mapping[str, Any]) -> str:
     runs = results["runs"]
     arms = list(dict.fromkeys(r["arm"] for r in runs))
@@ -43,7 +64,8 @@ def render(results: Mapping[str, Any]) -> str:
         "",
         f"Model `{results['model']}` ({results['bin_bytes'] / MIB:.1f} MiB `.bin`), decode "
         f"rungs {results['ladder']} against the top rung alone, on the NPU plugin with NPUW "
-        f"on CPU subdevices ({properties}). Each row is a fresh process that imports every "
+        f"on CPU subdevices ({properties}){_rewrites(results)}. Each row is a fresh "
+        "process that imports every "
         "rung's blob from a store (built by another process), runs each once, and reports "
         "its peak RSS (VmHWM) and its RSS growth as each further rung is imported and run. "
         "Arms: `full`, blobs carrying their weights; `weightless`, folded blobs naming the "
@@ -58,7 +80,7 @@ def render(results: Mapping[str, Any]) -> str:
     ]
     for run in runs:
         lines.append(
-            f"| {run['arm']} | {len(run['rungs'])} | {sum(run['blob_bytes']) / MIB:.1f} | "
+            f"| {run['arm']} | {len(run['rungs'])} | {_store_mib(run):.1f} | "
             f"{run['peak_rss_bytes'] / MIB:.0f} | {_steps_mib(run)} |"
         )
     lines += ["", f"Peak RSS of the ladder over one rung's (target ≤ {RSS_TARGET}×):", ""]

@@ -5,22 +5,26 @@ Owns the arms (openvino-genai's ``LLMPipeline``; ovspec's loader in a given poli
 load mode; llama.cpp on a GGUF, under its own interpreter) and what a run records: the
 time of every generated token since the parent spawned this process, the token ids,
 the high-water RSS (VmHWM) and the peak PSS and private (RssAnon) memory
-(``MemorySampler``). Prints one ``RESULT {json}`` line.
+(``MemorySampler``), and under a device/host split the decode's CPU time by core set.
+Prints one ``RESULT {json}`` line.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ovspec.bench.common.lockstep import token_reporter
+if TYPE_CHECKING:  # imported where a split is asked for: genai's arm imports no ovspec
+    from ovspec.compile.split import CoreSplit
 
 RESULT_PREFIX = "RESULT "
+LOCKSTEP_FD_ENV = "OVSPEC_LOCKSTEP_FD"  # common.lockstep.ENV_FD, read without importing it
 GENAI_INTEGER_PROPERTIES = frozenset({"MAX_PROMPT_LEN", "MIN_RESPONSE_LEN"})
 
 
@@ -37,6 +41,8 @@ class ArmRequest:
     load_mode: str = ""  # "" = the device's default
     prefill_chunk_tokens: int = 128
     device: str = "CPU"  # both runners' device ("NPU" with NPUW_DEVICES=CPU, say)
+    # The emulated device/host split as ``CoreSplit.parse`` reads it ("0/1"); "" none.
+    split: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +110,42 @@ def _status_mib(field: str) -> float:
     return _status_mib_fields(field)[field]
 
 
+def _thread_cpu_s() -> dict[int, tuple[float, tuple[int, ...]]]:
+    """Thread id -> (CPU seconds so far from its schedstat, its affinity now)."""
+    import os
+
+    out = {}
+    for name in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{name}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            out[int(name)] = (ns / 1e9, tuple(sorted(os.sched_getaffinity(int(name)))))
+        except (OSError, ValueError):  # a thread that just ended
+            continue
+    return out
+
+
+def decode_cpu_s(
+    before: dict[int, tuple[float, tuple[int, ...]]],
+    after: dict[int, tuple[float, tuple[int, ...]]],
+    device_cores: tuple[int, ...],
+) -> dict[str, float]:
+    """This process's CPU seconds between two ``_thread_cpu_s`` readings, split by
+    whether the thread was pinned to the device cores only at the second (a thread that
+    ended in between is not counted)."""
+    out = {"device": 0.0, "other": 0.0}
+    for tid, (cpu_s, cores) in after.items():
+        spent = cpu_s - before.get(tid, (0.0, ()))[0]
+        out["device" if set(cores) <= set(device_cores) else "other"] += spent
+    return {k: round(v, 4) for k, v in out.items()}
+
+
 def _genai(request: ArmRequest, on_token: Any) -> dict[str, Any]:
+    split = _split(request)
+    if split is not None:  # before OpenVINO starts: its compile on the host cores
+        from ovspec.compile.split import pin_process
+
+        pin_process(split.host)
     import numpy as np
     import openvino as ov
     import openvino_genai
@@ -114,6 +155,8 @@ def _genai(request: ArmRequest, on_token: Any) -> dict[str, Any]:
         k: int(v) if k in GENAI_INTEGER_PROPERTIES else v for k, v in request.properties.items()
     }
     pipe = openvino_genai.LLMPipeline(request.model_dir, request.device, **properties)
+    if split is not None:  # then all of it on the device cores: nothing compiles later
+        pin_process(split.device)
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = request.new_tokens
     config.ignore_eos = True
@@ -137,8 +180,17 @@ def _genai(request: ArmRequest, on_token: Any) -> dict[str, Any]:
     return {}
 
 
+def _split(request: ArmRequest) -> CoreSplit | None:
+    if not request.split:
+        return None
+    from ovspec.compile.split import CoreSplit
+
+    return CoreSplit.parse(request.split)
+
+
 def _ovspec(request: ArmRequest, on_token: Any) -> dict[str, Any]:
     import ovspec.runtime.decoding as runtime
+    from ovspec.runtime.options import Tuning
     from ovspec.store.local import Store
 
     store = Store(Path(request.store_dir))
@@ -152,6 +204,7 @@ def _ovspec(request: ArmRequest, on_token: Any) -> dict[str, Any]:
             policy=request.policy,
             prefill_chunk_tokens=request.prefill_chunk_tokens,
             load_mode=request.load_mode or None,
+            tuning=Tuning(split=_split(request)),
         ) as loader:
             result = runtime.decode(
                 loader, request.prompt_ids, max_new_tokens=request.new_tokens, on_token=on_token
@@ -195,16 +248,32 @@ def _llamacpp(request: ArmRequest, on_token: Any) -> dict[str, Any]:
     return {"threads": threads}
 
 
+def _lockstep_reporter() -> Any:
+    """Under a lockstep coordinator, its per-token report (a byte on its pipe); else
+    None, with nothing imported (genai's arm imports no more of ovspec than it must)."""
+    if LOCKSTEP_FD_ENV not in os.environ:
+        return None
+    from ovspec.bench.common.lockstep import token_reporter
+
+    return token_reporter()
+
+
 def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
     sampler = MemorySampler()
     sampler.start()
     times: list[float] = []
     tokens: list[int] = []
-    report = token_reporter()  # under a lockstep coordinator: a byte per token
+    split = _split(request)
+    # Read at the first and the last token (ovspec's loader restores every thread's
+    # affinity when it closes, after the last).
+    cpu_readings: list[dict[int, tuple[float, tuple[int, ...]]]] = []
+    report = _lockstep_reporter()
 
     def on_token(token: int) -> None:
         times.append(round(time.time() - spawn_s, 5))  # 10 us: well under a step
         tokens.append(token)
+        if split is not None and len(tokens) in (1, request.new_tokens):
+            cpu_readings.append(_thread_cpu_s())
         if report is not None:
             report()
 
@@ -217,6 +286,9 @@ def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
     else:
         raise SystemExit(f"unknown arm {request.arm!r}")
     done_s = time.time() - spawn_s
+    if split is not None and len(cpu_readings) == 2:  # the decode's CPU by core set
+        first, last = cpu_readings
+        extra["decode_cpu_s"] = decode_cpu_s(first, last, split.device)
     sampler.stop()
     return {
         "ovspec_dir": str(Path(__file__).resolve().parents[2]),  # the checkout it ran from

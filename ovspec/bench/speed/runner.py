@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ovspec.bench.speed.arm import RESULT_PREFIX, ArmRequest
+from ovspec.compile.split import THREADS_PROPERTY, CoreSplit
 from ovspec.errors import BadRequestError, TrialError
 from ovspec.ladder import Ladder
 
@@ -50,6 +51,12 @@ def npu_context_properties(prompt_tokens: int, ladder: Ladder) -> dict[str, str]
             f"{NPUW_PROMPT_ALIGN_TOKENS}; raise the top rung"
         )
     return {"MAX_PROMPT_LEN": str(max_prompt), "MIN_RESPONSE_LEN": str(response)}
+
+
+def split_threads(split: str) -> dict[str, str]:
+    """The inference threads under ``split``: as many as device cores, as ovspec's loader
+    sets under it (``compile.split.THREADS_PROPERTY``)."""
+    return {THREADS_PROPERTY: str(len(CoreSplit.parse(split).device))}
 
 
 @dataclass(frozen=True)
@@ -171,6 +178,9 @@ class SpeedConfig:
     # A discarded run of every arm without a kept store (``WARM_UP_NEW_TOKENS`` tokens)
     # before the repetitions: no arm's first measured run is its first read of the files.
     warm_up: bool = False
+    # An emulated device/host split ("0/1", ``CoreSplit.parse``) every arm runs under;
+    # "": none, every arm on every core.
+    split: str = ""
 
     def __post_init__(self) -> None:
         if self.prompt_ids:
@@ -184,6 +194,8 @@ class SpeedConfig:
             )
         if self.repetitions < 1:
             raise BadRequestError("--repetitions must be at least 1")
+        if self.split:
+            CoreSplit.parse(self.split)  # refused here, not in every arm's process
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown or not any(ARMS[a].runner == "genai" for a in self.arms):
             raise BadRequestError(
@@ -300,6 +312,8 @@ def arm_request(
     props = asked if own else loader_properties(arm.device, asked)
     if arm.sized_context:
         props.update(npu_context_properties(len(prompt), config.ladder))
+    if config.split and arm.runner == "genai":  # ovspec's loader bounds its own
+        props.update(split_threads(config.split))
     gguf = arm.runner == "llamacpp"  # llama.cpp reads the GGUF itself
     return ArmRequest(
         arm=arm.runner,
@@ -313,6 +327,7 @@ def arm_request(
         load_mode=arm.load_mode,
         prefill_chunk_tokens=config.prefill_chunk_tokens,
         device=arm.device,
+        split=config.split,
     )
 
 
@@ -383,6 +398,7 @@ def run_speed(
             "against": str(config.against) if config.against is not None else None,
             "properties": dict(properties),
             "bands": config.bands(),
+            "split": CoreSplit.parse(config.split).to_json() if config.split else None,
         },
         "environment": _plain(env),
         "wall_s": time.perf_counter() - began,

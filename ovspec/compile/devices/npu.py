@@ -26,9 +26,13 @@ class NpuProfile(DeviceProfile):
     """The NPU plugin on NPU silicon, or compiling offline for a named platform."""
 
     # NPUW (how LLMs run on the NPU plugin) miscomputes a Result whose tensor also feeds
-    # a later partition: each such Result gets its own identity.
+    # a later partition: each such Result gets its own identity. The LM head is a model
+    # of its own shared by every graph (genai's NPUW_LLM_SHARED_HEAD): a ladder holds it
+    # once, and the logits are the uncut graphs' bit for bit. The shared embedding is not
+    # a default: on NPUW its graphs' logits differ from the uncut ones' by ~5e-6
+    # (docs/npu.md).
     default_rewrites: ClassVar[RewriteSet] = RewriteSet(
-        PORTABLE_REWRITES.rewrites | {GraphRewrite.RESULT_GUARD}
+        PORTABLE_REWRITES.rewrites | {GraphRewrite.RESULT_GUARD, GraphRewrite.SHARED_HEAD}
     )
 
     @classmethod

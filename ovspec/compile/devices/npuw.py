@@ -121,6 +121,11 @@ class NpuwProfile(NpuProfile):
             return {ONLINE_PIPELINE: "NONE"}
         return {}
 
+    def part_properties(self, properties: Mapping[str, str]) -> dict[str, str]:
+        """The shared head and embedding are one partition each, unless the user chose
+        (as genai's shared head): NPUW's partitioner refuses a lone embedding lookup."""
+        return {} if ONLINE_PIPELINE in properties else {ONLINE_PIPELINE: "NONE"}
+
     def shared_weights_properties(self, weights_digest: str) -> dict[str, str]:
         """One bank per weights file: a bank tells its tensors apart only by what tells them
         apart within one model (address or .bin offset, type, shape), so two models must

@@ -115,6 +115,11 @@ class DeviceProfile:
         blob's compile properties); in that graph's key (none, for most devices)."""
         return {}
 
+    def part_properties(self, properties: Mapping[str, str]) -> dict[str, str]:
+        """Compile properties of the LM head and embedding models the cut graphs share
+        (``ir/headcut.py``) beyond ``properties``; in their keys."""
+        return {}
+
     def shared_weights_properties(self, weights_digest: str) -> dict[str, str]:
         """Compile properties that let the graphs of one model share one copy of its
         weights in a process, given the digest of its weights (none, for most devices)."""

@@ -1,0 +1,250 @@
+"""The LM head and the embeddings one compiler's graphs share (``ir/headcut.py``): each
+compiled once (from the IR, or built into the store as an entry of its own and imported),
+and each cut graph wrapped to run them around it, so to a caller it is the uncut graph:
+inputs and outputs by name, requests, state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import openvino as ov
+
+from ovspec.compile.blobfile import FileSink, map_file
+from ovspec.compile.modes import LoadMode
+from ovspec.errors import CompileError, openvino_message
+from ovspec.ir.graph_io import RewriteRefused
+from ovspec.ir.headcut import EMBEDS_INPUT, HIDDEN_OUTPUT, embedding_model, head_model
+from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob
+
+if TYPE_CHECKING:
+    from ovspec.compile.compiler import Compiler
+    from ovspec.compile.halves import CompiledGraph
+    from ovspec.compile.programs import Program
+
+# The store metadata's "specialization" of the head's entry (and its key's component);
+# an embedding model's is EMBEDDING_PREFIX + its chunk.
+HEAD_SPECIALIZATION = "lm-head"
+EMBEDDING_PREFIX = "embedding:"
+
+
+def is_cut(compiled: CompiledGraph) -> bool:
+    """Whether ``compiled`` ends at the hidden state (its head cut out)."""
+    return any(HIDDEN_OUTPUT in port.names for port in compiled.outputs)
+
+
+def embedding_chunk(compiled: CompiledGraph) -> int | None:
+    """The chunk of the embeddings ``compiled`` takes in place of its lookup, if it does."""
+    port = next((p for p in compiled.inputs if EMBEDS_INPUT in p.names), None)
+    return None if port is None else int(port.get_partial_shape()[1].get_length())
+
+
+class PartRefused(CompileError):
+    """The model's LM head or embedding is not a function of its one input alone."""
+
+
+def _names(port: str | Any) -> set[str]:
+    return {port} if isinstance(port, str) else set(port.names)
+
+
+class CutCompiledModel:
+    """A cut graph with the shared embedding before it and the shared head after it
+    (either may be absent); what ``Session`` and ``warm_up`` use of a compiled model."""
+
+    def __init__(
+        self,
+        body: CompiledGraph,
+        head: ov.CompiledModel | None,
+        embedding: ov.CompiledModel | None,
+    ) -> None:
+        self.body, self.head, self.embedding = body, head, embedding
+        own = [p for p in body.inputs if EMBEDS_INPUT not in p.names]
+        taken = {n for p in own for n in p.names}
+        extra = [p for p in (embedding.inputs if embedding else []) if not taken & set(p.names)]
+        self._inputs = [*own, *extra]
+        # The head's outputs where the hidden state was: the uncut graph's order.
+        ends = head.outputs if head is not None else []
+        self._outputs = [
+            q for p in body.outputs for q in (ends if HIDDEN_OUTPUT in p.names else [p])
+        ]
+
+    @property
+    def inputs(self) -> list[Any]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[Any]:
+        return list(self._outputs)
+
+    def input(self, name: str) -> Any:
+        return _port(self._inputs, name)
+
+    def output(self, name: str) -> Any:
+        return _port(self._outputs, name)
+
+    def create_infer_request(self) -> CutInferRequest:
+        return CutInferRequest(self)
+
+
+def _port(ports: list[Any], name: str) -> Any:
+    for port in ports:
+        if name in port.names:
+            return port
+    raise RuntimeError(f"the graph has no port {name!r}")
+
+
+class CutInferRequest:
+    """Runs the embedding, the cut graph on its embeddings, then the head on the hidden
+    state it returned; each hand-off bound, not copied."""
+
+    def __init__(self, compiled: CutCompiledModel) -> None:
+        self._body = compiled.body.create_infer_request()
+        self._head = compiled.head.create_infer_request() if compiled.head else None
+        self._embedding = compiled.embedding.create_infer_request() if compiled.embedding else None
+        head_ports = compiled.head.outputs if compiled.head else []
+        self._head_input = compiled.head.inputs[0] if compiled.head else None
+        self._head_outputs = {n for p in head_ports for n in p.names}
+        self._lookup_inputs = {
+            n for p in (compiled.embedding.inputs if compiled.embedding else []) for n in p.names
+        }
+        self._body_inputs = {n for p in compiled.body.inputs for n in p.names}
+
+    def set_tensor(self, port: str | Any, tensor: ov.Tensor) -> None:
+        names = _names(port)
+        name = port if isinstance(port, str) else port.get_any_name()
+        if self._embedding is not None and names & self._lookup_inputs:
+            self._embedding.set_tensor(name, tensor)
+        if names & self._body_inputs:
+            self._body.set_tensor(name, tensor)
+
+    def get_tensor(self, port: str | Any) -> ov.Tensor:
+        name = port if isinstance(port, str) else port.get_any_name()
+        if self._head is not None and name in self._head_outputs:
+            return self._head.get_tensor(name)
+        if self._embedding is not None and name in self._lookup_inputs - self._body_inputs:
+            return self._embedding.get_tensor(name)
+        return self._body.get_tensor(port)
+
+    def query_state(self) -> list[Any]:
+        return list(self._body.query_state())
+
+    def infer(self) -> None:
+        # Each output tensor may move between calls: bound again each call, not copied.
+        if self._embedding is not None:
+            self._embedding.infer()
+            self._body.set_tensor(EMBEDS_INPUT, self._embedding.get_output_tensor(0))
+        self._body.infer()
+        if self._head is not None:
+            self._head.set_tensor(self._head_input, self._body.get_tensor(HIDDEN_OUTPUT))
+            self._head.infer()
+
+
+class SharedEnds:
+    """One compiler's head and embedding models: each made on the first cut graph that
+    needs it, then reused. Part of the ``Compiler`` (it reads the compiler's Core, lock,
+    keys and compile properties)."""
+
+    def __init__(self, compiler: Compiler) -> None:
+        self._compiler = compiler
+        self._lock = threading.Lock()
+        # label -> (compiled model, the imported blob's mapping to keep alive)
+        self._models: dict[str, tuple[ov.CompiledModel, np.ndarray | None]] = {}
+        self.compiles = 0  # models this compiler compiled (not imported from a hit)
+
+    def attach(self, program: Program) -> Program:
+        """``program`` with its head and embedding where its graph was cut."""
+        chunk = embedding_chunk(program.compiled)
+        if not is_cut(program.compiled) and chunk is None:
+            return program
+        head = self.get(HEAD_SPECIALIZATION) if is_cut(program.compiled) else None
+        lookup = self.get(f"{EMBEDDING_PREFIX}{chunk}") if chunk is not None else None
+        cut = CutCompiledModel(program.compiled, head, lookup)
+        return dataclasses.replace(program, compiled=cut)
+
+    def get(self, label: str) -> ov.CompiledModel:
+        with self._lock:
+            if label not in self._models:
+                if self._compiler.load_mode is LoadMode.IMPORT:
+                    self._models[label] = self._through_store(label)
+                else:
+                    compiled, _ = self._compile(label, self._compiler.properties)
+                    self._models[label] = (compiled, None)
+            return self._models[label][0]
+
+    def build(self, chunk_tokens: int) -> int:
+        """Make sure the head's and the ``chunk_tokens`` embedding's blobs are in the store
+        (IMPORT mode); their bytes. A part the model cannot cut is skipped (its graphs
+        were not cut either: the same walk)."""
+        stored = 0
+        for label in (HEAD_SPECIALIZATION, f"{EMBEDDING_PREFIX}{chunk_tokens}"):
+            try:
+                outcome = self._stored(label, map_payload=False)
+            except PartRefused:
+                continue
+            outcome.discard()
+            stored += outcome.size_bytes
+        return stored
+
+    def _model(self, label: str) -> ov.Model:
+        llm = self._compiler.llm()
+        with self._compiler._llm_lock:  # clones of one model, one at a time
+            if label == HEAD_SPECIALIZATION:
+                return head_model(llm.model, llm.roles)
+            return embedding_model(llm.model, llm.roles, int(label[len(EMBEDDING_PREFIX) :]))
+
+    def _compile(self, label: str, properties: Mapping[str, Any]) -> tuple[ov.CompiledModel, float]:
+        compiler = self._compiler
+        try:
+            model = self._model(label)
+        except RewriteRefused as exc:
+            raise PartRefused(f"{label} cannot be compiled apart: {exc}") from exc
+        properties = {**properties, **compiler.profile.part_properties(compiler.properties)}
+        began = time.perf_counter()
+        try:
+            compiled = compiler._core.compile_model(model, compiler.device, properties)
+        except RuntimeError as exc:
+            raise CompileError(
+                f"{compiler.device} failed to compile {label}: {openvino_message(exc)}"
+            ) from exc
+        self.compiles += 1
+        return compiled, time.perf_counter() - began
+
+    def _through_store(self, label: str) -> tuple[ov.CompiledModel, np.ndarray]:
+        outcome = self._stored(label, map_payload=True)
+        try:
+            mapping = outcome.payload if outcome.payload is not None else map_file(outcome.path)
+            return self._compiler._import(mapping, outcome.path.name)
+        finally:
+            outcome.discard()
+
+    def _stored(self, label: str, map_payload: bool) -> BlobOutcome:
+        compiler = self._compiler
+        key = compiler.part_key(label)
+
+        def produce(path: Path) -> ProducedBlob:
+            assert compiler._compile_properties is not None  # completed by part_key
+            compiled, compile_s = self._compile(label, compiler._compile_properties)
+            try:
+                with path.open("wb") as f:
+                    sink = FileSink(f)
+                    compiled.export_model(sink)
+                    size = sink.finish()
+            except OSError as exc:
+                if isinstance(exc, PayloadWriteError):
+                    raise
+                raise PayloadWriteError(exc.errno or errno.EIO, f"export failed: {exc}") from exc
+            metadata = {"specialization": label, "device": compiler.device}
+            return ProducedBlob(compile_s=compile_s, size_bytes=size, metadata=metadata)
+
+        def validate(path: Path) -> None:
+            compiler.import_blob(path)
+
+        check = None if compiler.facts.offline else validate  # an absent device cannot import
+        return compiler.store.get_or_create(key, produce, validate=check, map_payload=map_payload)

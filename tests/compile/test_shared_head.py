@@ -1,0 +1,155 @@
+"""The LM head and the embedding cut out of the rung graphs (ir/headcut.py,
+compile/sharedhead.py): exactly the uncut model's tokens and logits on the CPU plugin and
+the NPU path, keys of their own, one head and one embedding per chunk for a whole ladder."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+import pytest
+
+import ovspec
+from ovspec.compile.compiler import Compiler
+from ovspec.compile.devices import profile_for
+from ovspec.compile.modes import LoadMode
+from ovspec.compile.sharedhead import EMBEDDING_PREFIX, HEAD_SPECIALIZATION, embedding_chunk
+from ovspec.compile.sharedhead import CutCompiledModel as Cut
+from ovspec.ir.headcut import EMBEDDING_MODEL_NAME, HEAD_MODEL_NAME, HIDDEN_OUTPUT
+from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.ir.rewrites import GraphRewrite, RewriteSet
+from ovspec.ir.specialize import Specialization
+from ovspec.runtime.decoding import decode
+from ovspec.store.local import Store
+
+NPUW = {"NPUW_DEVICES": "CPU"}
+EXACT_NPU = {**NPUW, **profile_for("NPU", NPUW).exact_properties}
+# device -> (properties, load mode, the rewrites without the cut)
+PATHS: dict[str, tuple[dict[str, str], str, RewriteSet]] = {
+    "CPU": (dict(EXACT_CPU_PROPERTIES), "compile", profile_for("CPU").default_rewrites),
+    "NPU": (EXACT_NPU, "import", profile_for("NPU", NPUW).default_rewrites),
+}
+HEAD = frozenset({GraphRewrite.SHARED_HEAD})
+CUTS = frozenset({GraphRewrite.SHARED_HEAD, GraphRewrite.SHARED_EMBEDDING})
+
+
+def _with(rewrites: RewriteSet, cuts: frozenset[GraphRewrite]) -> RewriteSet:
+    return RewriteSet((rewrites.rewrites - CUTS) | cuts)
+
+
+@pytest.fixture(params=["qwen2", "llama", "tiny"])
+def model_dir(request: pytest.FixtureRequest, tiny_dir: Path) -> Path:
+    if request.param == "tiny":
+        return tiny_dir
+    return Path(__file__).resolve().parents[1] / "data" / str(request.param)
+
+
+@pytest.mark.parametrize("cuts", [HEAD, CUTS], ids=["head", "head+embedding"])
+@pytest.mark.parametrize("device", list(PATHS))
+def test_the_cut_decodes_the_uncut_models_tokens_and_logits(
+    model_dir: Path, device: str, cuts: frozenset[GraphRewrite], tmp_path: Path
+) -> None:
+    properties, load_mode, rewrites = PATHS[device]
+    reference = model_dir / "reference.npz"
+    prompt = [int(t) for t in np.load(reference)["prompt_ids"]] if reference.exists() else [5] * 9
+    runs = {}
+    for cut in (frozenset[GraphRewrite](), cuts):
+        with ovspec.open(
+            model_dir,
+            ladder="32,64",
+            device=device,
+            properties=properties,
+            store=tmp_path / "store",
+            load_mode=load_mode,
+            rewrites=_with(rewrites, cut),
+        ) as loader:
+            runs[cut] = decode(loader, prompt, max_new_tokens=40, keep_logits=lambda *_: True)
+    uncut, headed = runs[frozenset()], runs[cuts]
+    assert headed.rungs == uncut.rungs == (32, 64)  # a boundary crossed, a prompt graph run
+    assert headed.token_ids == uncut.token_ids
+    assert headed.logits.keys() == uncut.logits.keys() and uncut.logits
+    worst = max(float(np.abs(headed.logits[s] - uncut.logits[s]).max()) for s in uncut.logits)
+    # The same nodes on the same rows: exact, but NPUW's graphs without their embedding
+    # lookup round differently (~5e-6, docs/npu.md; not a default there).
+    assert worst == 0.0 or (device == "NPU" and cuts == CUTS and worst < 2e-5)
+
+
+def test_the_cut_graphs_and_their_parts_have_keys_of_their_own(
+    qwen2_dir: Path, tmp_path: Path
+) -> None:
+    properties, _, rewrites = PATHS["NPU"]
+    store = Store(tmp_path / "store")
+    specs = [Specialization.decode(32), Specialization.prefill(32, 16)]
+    graphs, parts = [], []
+    for cuts in (frozenset[GraphRewrite](), HEAD, CUTS):
+        compiler = Compiler(
+            ModelDir.open(qwen2_dir), "NPU", properties, store, rewrites=_with(rewrites, cuts)
+        )
+        try:
+            graphs += [compiler.key(s).hex for s in specs]
+            labels = (HEAD_SPECIALIZATION, f"{EMBEDDING_PREFIX}1", f"{EMBEDDING_PREFIX}16")
+            parts += [compiler.part_key(label).hex for label in labels]
+        finally:
+            compiler.close()
+    # Each cut changes every graph's key; the head and each embedding are entries of
+    # their own (keyed with the rewrite set too: a recompile, never a wrong blob).
+    assert len(set(graphs)) == len(graphs) and not set(graphs) & set(parts)
+    assert len(set(parts)) == len(parts)
+
+
+class _CountingCore:
+    """A Core that counts the models it compiles, by name."""
+
+    def __init__(self, core: ov.Core) -> None:
+        self._core = core
+        self.compiles: Counter[str] = Counter()
+
+    def compile_model(self, model: ov.Model, *args: Any) -> ov.CompiledModel:
+        self.compiles[model.get_friendly_name()] += 1
+        return self._core.compile_model(model, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._core, name)
+
+
+@pytest.mark.parametrize("device", list(PATHS))
+def test_a_ladder_compiles_its_head_once_and_an_embedding_per_chunk(
+    tiny_dir: Path, tmp_path: Path, device: str
+) -> None:
+    properties, load_mode, rewrites = PATHS[device]
+    store = Store(tmp_path / "store")
+    compiler = Compiler(
+        ModelDir.open(tiny_dir),
+        device,
+        properties,
+        store,
+        rewrites=_with(rewrites, CUTS),
+        load_mode=LoadMode(load_mode),
+    )
+    counting = _CountingCore(compiler._core)
+    compiler._core = counting  # type: ignore[assignment]
+    try:
+        specs = [Specialization.decode(c) for c in (32, 64, 128, 256)]
+        programs = [compiler.load(s) for s in [Specialization.prefill(32, 16), *specs]]
+        cut = [p.compiled for p in programs if isinstance(p.compiled, Cut)]
+        assert len(cut) == len(programs)
+        assert all(HIDDEN_OUTPUT in {n for p in c.body.outputs for n in p.names} for c in cut)
+        heads = {id(c.head) for c in cut}
+        # Each chunk's embedding model, by the chunk its graphs take (CPU's 1..P prompt
+        # graph keeps its lookup: its chunk varies).
+        lookups = {embedding_chunk(c.body): id(c.embedding) for c in cut if c.embedding}
+        assert 1 in lookups and all(embedding_chunk(c.body) in lookups for c in cut[1:])
+    finally:
+        compiler.close()
+    assert counting.compiles[HEAD_MODEL_NAME] == 1 and len(heads) == 1
+    assert counting.compiles[EMBEDDING_MODEL_NAME] == len(lookups) == len(set(lookups.values()))
+    stored = [e.values()["specialization"] for e in store.entries()]
+    assert stored.count(HEAD_SPECIALIZATION) == (1 if load_mode == "import" else 0)
+    in_store = sorted(
+        int(s[len(EMBEDDING_PREFIX) :]) for s in stored if s.startswith(EMBEDDING_PREFIX)
+    )
+    assert in_store == (sorted(lookups) if load_mode == "import" else [])
