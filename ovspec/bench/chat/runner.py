@@ -1,13 +1,13 @@
-"""The chat benchmark's run: for each repetition both arms in fresh processes, in
-alternating order, on the same IR and the same token ids; the results document keeps
-every sample, and ``chat.page`` decides the verdicts from them.
+"""The chat benchmark's run: for each repetition both arms in fresh processes on the
+same IR and the same token ids, in lockstep (``common.lockstep``): both loaded side by
+side, then their turns alternate one process at a time (A B, B A, ... across turns: ABBA),
+so a turn's two first tokens are measured seconds apart; the results document keeps every
+sample, and ``chat.page`` decides the verdicts from them.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ovspec.bench.common.lockstep import LockstepArm, run_lockstep
 from ovspec.bench.common.models import real_text_prompt, smollm2_gguf
 from ovspec.bench.speed.runner import materialize
 from ovspec.errors import BadRequestError
@@ -24,6 +25,8 @@ from ovspec.errors import BadRequestError
 PAGE = "chat"
 SMOLLM2 = "smollm2"
 ARMS = ("genai", "ovspec")
+PROTOCOL = "lockstep"  # results from before it ran each arm's whole chat in turn
+HOME = Path(__file__).resolve().parents[3]  # the checkout the arms run from
 
 
 @dataclass(frozen=True)
@@ -86,30 +89,34 @@ def run_chat(
         "properties": dict(properties),
     }
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    schedules = []
     for repetition in range(config.repetitions):
         order = ARMS if repetition % 2 == 0 else ARMS[::-1]
-        for arm in order:
-            say(f"repetition {repetition + 1}/{config.repetitions}: {arm}")
-            runs[arm].append(_spawn({**request, "arm": arm}))
+        say(f"repetition {repetition + 1}/{config.repetitions} in lockstep: {', '.join(order)}")
+        arms = [LockstepArm(arm, _argv({**request, "arm": arm}), HOME) for arm in order]
+        found = run_lockstep(arms, 1)  # a block: one turn (or an arm's load, or its end)
+        for arm in ARMS:
+            runs[arm].append(_result(arm, found.arms[arm]))
+        schedules.append(found.schedule)
     return {
-        "config": asdict(config),
+        "config": {**asdict(config), "protocol": PROTOCOL},
         "model_dir": str(model_dir),
         "runs": runs,
+        "schedules": schedules,
         "wall_s": time.perf_counter() - began,
         "properties": dict(properties),
     }
 
 
-def _spawn(request: Mapping[str, Any]) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    done = subprocess.run(
-        [sys.executable, "-m", "ovspec.bench.chat.arm", json.dumps(request)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BadRequestError(f"the {request['arm']} arm failed: {tail}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+def _argv(request: Mapping[str, Any]) -> Callable[[float], list[str]]:
+    text = json.dumps(request)
+    return lambda _spawn_s: [sys.executable, "-m", "ovspec.bench.chat.arm", text]
+
+
+def _result(arm: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    lines = record["stdout"].strip().splitlines()
+    if record["returncode"] != 0 or not lines:
+        tail = (record["stderr_tail"].strip().splitlines() or ["no output"])[-1]
+        raise BadRequestError(f"the {arm} arm failed: {tail}")
+    result: dict[str, Any] = json.loads(lines[-1])
     return result

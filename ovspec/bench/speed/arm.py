@@ -12,6 +12,7 @@ Prints one ``RESULT {json}`` line.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # imported where a split is asked for: genai's arm imports no
     from ovspec.compile.split import CoreSplit
 
 RESULT_PREFIX = "RESULT "
+LOCKSTEP_FD_ENV = "OVSPEC_LOCKSTEP_FD"  # common.lockstep.ENV_FD, read without importing it
 GENAI_INTEGER_PROPERTIES = frozenset({"MAX_PROMPT_LEN", "MIN_RESPONSE_LEN"})
 
 
@@ -246,6 +248,16 @@ def _llamacpp(request: ArmRequest, on_token: Any) -> dict[str, Any]:
     return {"threads": threads}
 
 
+def _lockstep_reporter() -> Any:
+    """Under a lockstep coordinator, its per-token report (a byte on its pipe); else
+    None, with nothing imported (genai's arm imports no more of ovspec than it must)."""
+    if LOCKSTEP_FD_ENV not in os.environ:
+        return None
+    from ovspec.bench.common.lockstep import token_reporter
+
+    return token_reporter()
+
+
 def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
     sampler = MemorySampler()
     sampler.start()
@@ -255,12 +267,15 @@ def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
     # Read at the first and the last token (ovspec's loader restores every thread's
     # affinity when it closes, after the last).
     cpu_readings: list[dict[int, tuple[float, tuple[int, ...]]]] = []
+    report = _lockstep_reporter()
 
     def on_token(token: int) -> None:
         times.append(round(time.time() - spawn_s, 5))  # 10 us: well under a step
         tokens.append(token)
         if split is not None and len(tokens) in (1, request.new_tokens):
             cpu_readings.append(_thread_cpu_s())
+        if report is not None:
+            report()
 
     if request.arm == "genai":
         extra = _genai(request, on_token)

@@ -296,6 +296,41 @@ def _spawn(
     return result
 
 
+def arm_request(
+    config: SpeedConfig,
+    properties: Mapping[str, str],
+    arm: Arm,
+    model_dir: Path,
+    prompt: Sequence[int],
+    store: Path | None,
+) -> ArmRequest:
+    """What one run of ``arm`` is asked to do (its properties, model and store)."""
+    from ovspec.runtime.decoding import loader_properties
+
+    own = arm.runner == "genai" or arm.load_mode == "paged"  # no loader thread
+    asked = {**properties, **dict(arm.extra_properties)}
+    props = asked if own else loader_properties(arm.device, asked)
+    if arm.sized_context:
+        props.update(npu_context_properties(len(prompt), config.ladder))
+    if config.split and arm.runner == "genai":  # ovspec's loader bounds its own
+        props.update(split_threads(config.split))
+    gguf = arm.runner == "llamacpp"  # llama.cpp reads the GGUF itself
+    return ArmRequest(
+        arm=arm.runner,
+        model_dir=str(Path(config.model).resolve() if gguf else model_dir),
+        prompt_ids=tuple(prompt),
+        new_tokens=config.new_tokens,
+        properties=props,
+        ladder=str(config.ladder),
+        store_dir=str(store or ""),
+        policy=arm.policy,
+        load_mode=arm.load_mode,
+        prefill_chunk_tokens=config.prefill_chunk_tokens,
+        device=arm.device,
+        split=config.split,
+    )
+
+
 def run_speed(
     config: SpeedConfig,
     properties: Mapping[str, str],
@@ -303,7 +338,6 @@ def run_speed(
 ) -> dict[str, Any]:
     """Every arm ``repetitions`` times, interleaved; returns the results document."""
     from ovspec.bench.common.environment import environment, load_average
-    from ovspec.runtime.decoding import loader_properties
 
     say = on_progress or (lambda _m: None)
     own_bytecode = compile_own_bytecode()
@@ -323,28 +357,7 @@ def run_speed(
     by_label = {r.label: r for r in planned}
 
     def request(arm: Arm, store: Path | None) -> ArmRequest:
-        own = arm.runner == "genai" or arm.load_mode == "paged"  # no loader thread
-        asked = {**properties, **dict(arm.extra_properties)}
-        props = asked if own else loader_properties(arm.device, asked)
-        if arm.sized_context:
-            props.update(npu_context_properties(len(prompt), config.ladder))
-        if config.split and arm.runner == "genai":  # ovspec's loader bounds its own
-            props.update(split_threads(config.split))
-        gguf = arm.runner == "llamacpp"  # llama.cpp reads the GGUF itself
-        return ArmRequest(
-            arm=arm.runner,
-            model_dir=str(Path(config.model).resolve() if gguf else model_dir),
-            prompt_ids=prompt,
-            new_tokens=config.new_tokens,
-            properties=props,
-            ladder=str(config.ladder),
-            store_dir=str(store or ""),
-            policy=arm.policy,
-            load_mode=arm.load_mode,
-            prefill_chunk_tokens=config.prefill_chunk_tokens,
-            device=arm.device,
-            split=config.split,
-        )
+        return arm_request(config, properties, arm, model_dir, prompt, store)
 
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ovspec-speed-") as scratch:
