@@ -193,6 +193,11 @@ class PagedLoader:
         self._paged: graph.PagedModel | None = None  # until compiled
         self._vocab_tokens: int | None = None
         self._closed = False
+        self._ahead: threading.Thread | None = None  # reading/compiling the graph early
+        self._ahead_go = threading.Event()  # the ahead thread may compile (or must stop)
+        self._ahead_read = threading.Event()  # the ahead thread has read the IR (or failed)
+        self._ahead_error: BaseException | None = None
+        self._ahead_skip = False  # the graph it would compile is no longer wanted
 
     @property
     def origin_s(self) -> float:
@@ -210,10 +215,65 @@ class PagedLoader:
         with self._lock:
             return list(self._events)
 
+    def read_ahead(self) -> None:
+        """Read and transform the IR on a thread from now on, and compile it once
+        ``compile_ahead`` is called: the caller's own work (checking the device, loading
+        the tokenizer, templating the prompt) overlaps them. ``start`` and
+        ``vocab_tokens`` wait for the thread; its error is raised there."""
+        with self._lock:
+            if self._ahead is not None or self._compiled is not None or self._closed:
+                return
+            self._ahead = threading.Thread(
+                target=self._prepare, name="ovspec-paged-ahead", daemon=True
+            )
+            self._ahead.start()
+
+    def compile_ahead(self) -> None:
+        """Let the thread ``read_ahead`` started compile the graph it read."""
+        self._ahead_go.set()
+
+    def _prepare(self) -> None:
+        try:
+            paged = graph.paged_model(self._xml_path)
+            with self._lock:
+                self._paged, self._vocab_tokens = paged, paged.vocab_tokens
+            self._ahead_read.set()
+            self._ahead_go.wait()
+            if self._closed or self._ahead_skip:
+                return
+            compiled = self._compile(paged, "paged attention, from the IR")
+            with self._lock:
+                if not (self._closed or self._ahead_skip):
+                    self._compiled, self._paged = compiled, None
+        except BaseException as exc:  # raised by the thread that waits for it
+            self._ahead_error = exc
+        finally:
+            self._ahead_read.set()
+
+    def _join_ahead(self, compile_too: bool = True) -> None:
+        """Wait for the ahead thread (only its read unless ``compile_too``); raise its
+        error once (a later ``start`` then tries again in the foreground)."""
+        thread = self._ahead
+        if thread is None:
+            return
+        if compile_too:
+            self._ahead_go.set()
+            thread.join()
+            self._ahead = None
+        else:
+            self._ahead_read.wait()
+        error, self._ahead_error = self._ahead_error, None
+        if error is not None:
+            self._ahead_go.set()
+            thread.join()
+            self._ahead = None
+            raise error
+
     @property
     def vocab_tokens(self) -> int | None:
         """The vocabulary, from the transformed IR (a request is checked against it
         before anything compiles)."""
+        self._join_ahead(compile_too=False)
         with self._lock:
             if self._compiled is None and self._batched is None and self._paged is None:
                 self._paged = graph.paged_model(self._xml_path)
@@ -223,6 +283,7 @@ class PagedLoader:
     def start(self, first_capacity_tokens: int | None = None) -> None:
         """Compile the paged graph if it is not yet (in the foreground: the prompt waits
         for it); any rung's first token runs on it."""
+        self._join_ahead()
         with self._lock:
             if self._closed:
                 raise LadderError("the loader is closed")
@@ -234,7 +295,10 @@ class PagedLoader:
 
     def batched_graph(self) -> ov.CompiledModel:
         """The paged graph with one logits row per sequence of a call (its
-        ``logits_indices`` input), compiled on first use: what continuous batching runs."""
+        ``logits_indices`` input), compiled on first use: what continuous batching runs.
+        The single-sequence graph an ahead thread would compile is dropped unused."""
+        self._ahead_skip = self._compiled is None
+        self._join_ahead()
         with self._lock:
             if self._closed:
                 raise LadderError("the loader is closed")
@@ -296,6 +360,10 @@ class PagedLoader:
             if self._closed:
                 return
             self._closed = True
+        self._ahead_go.set()  # a compile under way cannot be stopped: it is waited for
+        if self._ahead is not None:
+            self._ahead.join()
+        with self._lock:
             self._compiled = self._batched = None
         for hook in reversed(self._on_close):
             hook()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +20,10 @@ import ovspec.cli.commands
 from ovspec.cli import cli
 from ovspec.compile.modes import LoadMode
 from ovspec.compile.split import usable_cores
-from ovspec.errors import BadRequestError, ModelError
+from ovspec.errors import BadRequestError, LadderError, ModelError
 from ovspec.ir.paged import KEY_CACHE_PREFIX, paged_model
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.ladder import Ladder
 from ovspec.runtime import vmem
 from ovspec.runtime.decoding import decode, open_rungs
 from ovspec.runtime.loader import EventKind
@@ -115,6 +117,36 @@ def test_the_kv_arrays_take_the_type_the_compiled_graph_chose(
         finally:
             sequence.close()
     assert len(result.token_ids) == 40 and result.rungs == (32, 64)
+
+
+def test_open_compiles_the_graph_on_a_thread_before_the_first_request(
+    qwen2_dir: Path, tmp_path: Path
+) -> None:
+    """The compile starts at ``open`` (the caller's work overlaps it) and the request
+    then runs on that graph: one compile, its tokens those of a foreground compile."""
+    with ovspec.open(qwen2_dir, "32,64", store=tmp_path, load_mode="paged") as loader:
+        waited_s = 0.0
+        while EventKind.COMPILED not in [e.kind for e in loader.events] and waited_s < 60:
+            time.sleep(0.05)
+            waited_s += 0.05
+        assert [e.kind for e in loader.events].count(EventKind.COMPILED) == 1
+        ahead = decode(loader, list(range(1, 20)), max_new_tokens=8)
+        assert [e.kind for e in ahead.events].count(EventKind.COMPILED) == 1
+    assert isinstance(loader, PagedLoader)
+    foreground = PagedLoader(qwen2_dir / "openvino_model.xml", loader.ladder, "CPU", {}, 128)
+    with foreground:
+        assert not foreground.events  # nothing compiles before it is asked
+        alone = decode(foreground, list(range(1, 20)), max_new_tokens=8)
+    assert alone.token_ids == ahead.token_ids
+
+
+def test_a_loader_closed_while_reading_ahead_compiles_nothing(qwen2_dir: Path) -> None:
+    loader = PagedLoader(qwen2_dir / "openvino_model.xml", Ladder.parse("32"), "CPU", {}, 128)
+    loader.read_ahead()
+    loader.close()  # before compile_ahead: the thread stops after its read
+    assert not loader.events
+    with pytest.raises(LadderError, match="closed"):
+        loader.start()
 
 
 def test_a_stateless_ir_is_one_clear_error(tmp_path: Path) -> None:
