@@ -221,6 +221,7 @@ def _paged_loader(options: OpenOptions, decided: Decisions, tuning: Tuning) -> P
             on_close=(stack.pop_all().close,),
             model_dir=model_dir,
             store=store,
+            halve_graph=len(usable_cores()) >= 2,
         )
     # The IR is read and transformed on a thread while the device and the properties are
     # checked (refused here as a rung compile would refuse them); its compile then runs

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 import ovspec
 import ovspec.cli.commands
 from ovspec.cli import cli
+from ovspec.compile.halves import HalvedCompiledModel
 from ovspec.compile.modes import LoadMode
 from ovspec.compile.split import usable_cores
 from ovspec.errors import BadRequestError, LadderError, ModelError
@@ -25,9 +26,10 @@ from ovspec.ir.paged import KEY_CACHE_PREFIX, paged_model
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ladder import Ladder
 from ovspec.runtime import vmem
+from ovspec.runtime.blockkv import BLOCK_TOKENS, BlockKV, cache_layouts
 from ovspec.runtime.decoding import decode, open_rungs
 from ovspec.runtime.loader import EventKind
-from ovspec.runtime.paged import BLOCK_TOKENS, BlockKV, PagedLoader
+from ovspec.runtime.paged import PagedLoader
 
 
 def test_greedy_tokens_and_logits_are_the_stateful_references(
@@ -138,6 +140,41 @@ def test_open_compiles_the_graph_on_a_thread_before_the_first_request(
         assert not foreground.events  # nothing compiles before it is asked
         alone = decode(foreground, list(range(1, 20)), max_new_tokens=8)
     assert alone.token_ids == ahead.token_ids
+
+
+def test_the_graph_in_two_halves_gives_the_whole_graphs_logits(
+    fixture_dir: Path,
+) -> None:
+    """Halves compiled side by side (what ``open`` does with two cores) run as the
+    whole graph: same tokens, same logits at every step, KV blocks of the same types."""
+    reference = np.load(fixture_dir / "reference.npz")
+    prompt = [int(t) for t in reference["prompt_ids"]]
+    results = {}
+    for halve in (False, True):
+        loader = PagedLoader(
+            fixture_dir / "openvino_model.xml",
+            Ladder.parse("32,64"),
+            "CPU",
+            dict(EXACT_CPU_PROPERTIES),
+            5,
+            halve_graph=halve,
+        )
+        with loader:
+            results[halve] = decode(
+                loader, prompt, max_new_tokens=40, keep_logits=lambda _s, _l: True
+            )
+            compiled = loader._compiled
+            assert isinstance(compiled, HalvedCompiledModel) is halve
+            layouts = cache_layouts(compiled)  # type: ignore[arg-type]
+            if halve:  # each half holds its own layers' blocks
+                front = {p.get_any_name() for p in compiled.front.inputs}  # type: ignore[union-attr]
+                assert 0 < len(front & set(layouts)) < len(layouts)
+    whole, halves = results[False], results[True]
+    assert halves.token_ids == whole.token_ids
+    for step, logits in whole.logits.items():
+        np.testing.assert_allclose(halves.logits[step], logits, rtol=0, atol=1e-5)
+    notes = [e.note for e in halves.events if e.kind is EventKind.COMPILED]
+    assert notes and "two halves" in notes[0]
 
 
 def test_a_loader_closed_while_reading_ahead_compiles_nothing(qwen2_dir: Path) -> None:
