@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,18 @@ from ovspec.runtime.tokenizer import Tokenizer
 from ovspec.store.local import Store
 
 PAGED_LABEL = "paged"  # the graph's name in loader events
+
+
+def computes_in_f32(device: str, properties: Mapping[str, str]) -> bool:
+    """Whether ``device`` computes in f32 under ``properties``: only then do two halves
+    give the whole graph's values (a lower precision may keep the tensor a cut hands off
+    in it, where a half's output is f32)."""
+    hint = properties.get("INFERENCE_PRECISION_HINT")
+    if hint is None and properties.get("EXECUTION_MODE_HINT", "").upper() == "ACCURACY":
+        return True
+    if hint is None:
+        hint = ov.Core().get_property(device, "INFERENCE_PRECISION_HINT").get_type_name()
+    return hint.lower() in ("f32", "float32")
 
 
 class PagedLoader:
@@ -53,7 +65,8 @@ class PagedLoader:
         halve_graph: bool = False,
     ) -> None:
         self.ladder = ladder
-        # Compile the single-sequence graph as two halves side by side (>= 2 cores).
+        # Compile the single-sequence graph as two halves side by side (>= 2 cores), where
+        # the device computes in f32 (``computes_in_f32``).
         self.halve_graph = halve_graph
         # What a saved session's key reads: the model's files and the store it lives in.
         self.model_dir = model_dir  # None: the folder holding xml_path, when asked
@@ -197,7 +210,8 @@ class PagedLoader:
         self._record(EventKind.LOAD_START, began, 0.0)
         self._paged = None  # taken apart by a split: a compile that fails reads it again
         try:
-            halves = graph.paged_halves(paged) if halve else None
+            exact = halve and computes_in_f32(self.device, self.properties)
+            halves = graph.paged_halves(paged) if exact else None
             if halves is None:
                 compiled: CompiledGraph = ov.Core().compile_model(
                     paged.model, self.device, self.properties

@@ -29,7 +29,7 @@ from ovspec.runtime import vmem
 from ovspec.runtime.blockkv import BLOCK_TOKENS, BlockKV, cache_layouts
 from ovspec.runtime.decoding import decode, open_rungs
 from ovspec.runtime.loader import EventKind
-from ovspec.runtime.paged import PagedLoader
+from ovspec.runtime.paged import PagedLoader, computes_in_f32
 
 
 def test_greedy_tokens_and_logits_are_the_stateful_references(
@@ -175,6 +175,15 @@ def test_the_graph_in_two_halves_gives_the_whole_graphs_logits(
         np.testing.assert_allclose(halves.logits[step], logits, rtol=0, atol=1e-5)
     notes = [e.note for e in halves.events if e.kind is EventKind.COMPILED]
     assert notes and "two halves" in notes[0]
+
+
+def test_halves_are_compiled_only_where_the_device_computes_in_f32() -> None:
+    assert computes_in_f32("CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    assert not computes_in_f32("CPU", {"INFERENCE_PRECISION_HINT": "bf16"})
+    assert not computes_in_f32("CPU", {"INFERENCE_PRECISION_HINT": "f16"})
+    assert computes_in_f32("CPU", {"EXECUTION_MODE_HINT": "ACCURACY"})
+    default = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    assert computes_in_f32("CPU", {}) is (default == "f32")
 
 
 def test_a_loader_closed_while_reading_ahead_compiles_nothing(qwen2_dir: Path) -> None:
