@@ -71,6 +71,7 @@ class HalvedInferRequest:
     """Runs the front, then the back on what the front handed off."""
 
     def __init__(self, compiled: HalvedCompiledModel) -> None:
+        self._compiled = compiled
         self._front = compiled.front.create_infer_request()
         self._back = compiled.back.create_infer_request()
         own = compiled.own_front_outputs
@@ -82,6 +83,10 @@ class HalvedInferRequest:
         self._front_inputs = {n for p in compiled.front.inputs for n in p.names}
         self._back_inputs = {n for p in compiled.back.inputs for n in p.names} - passed
         self._front_outputs = {n for p in compiled.front.outputs[:own] for n in p.names}
+
+    @property
+    def model_inputs(self) -> list[Any]:
+        return self._compiled.inputs
 
     def set_tensor(self, port: str | Any, tensor: ov.Tensor) -> None:
         name = port if isinstance(port, str) else port.get_any_name()

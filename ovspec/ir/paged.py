@@ -14,6 +14,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from ovspec.errors import ModelError, openvino_message
+from ovspec.ir.partition import GraphHalves, split_at
 
 KEY_CACHE_PREFIX = "key_cache."
 VALUE_CACHE_PREFIX = "value_cache."
@@ -110,3 +111,25 @@ def selected_tokens_head(model: ov.Model) -> None:
     node.input(0).replace_source_output(rows.output(0))
     model.add_parameters([indices])
     model.validate_nodes_and_infer_types()
+
+
+def paged_halves(paged: PagedModel) -> GraphHalves | None:
+    """The paged graph cut after its first half of the layers' attention (taken apart in
+    place: give it a graph of its own), for two compiles side by side; None for fewer
+    than two layers or nothing worth compiling apart."""
+    layer_of = {
+        n: i for i, n in enumerate(c for c in paged.cache_inputs if c.startswith(KEY_CACHE_PREFIX))
+    }
+    attention: dict[int, ov.Node] = {}
+    for node in paged.model.get_ordered_ops():
+        if node.get_type_name() != "PagedAttentionExtension":
+            continue
+        names = {n for i in node.inputs() for n in i.get_source_output().get_names()}
+        layer = next((layer_of[n] for n in names if n in layer_of), None)
+        if layer is not None:
+            attention[layer] = node
+    if len(attention) < 2 or len(attention) != len(layer_of):
+        return None
+    front = len(attention) // 2
+    seeds = [attention[i] for i in range(front)]
+    return split_at(paged.model, seeds, front, len(attention))

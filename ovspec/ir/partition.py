@@ -61,8 +61,17 @@ def split_in_two(model: ov.Model, roles: ModelRoles) -> GraphHalves | None:
     if len(layers) < 2:
         return None
     front_layers = set(layers[: len(layers) // 2])
+    seeds = _front_seeds(model, roles, front_layers)
+    return split_at(model, seeds, len(front_layers), len(layers))
+
+
+def split_at(
+    model: ov.Model, seeds: list[ov.Node], front_layers: int, layers: int
+) -> GraphHalves | None:
+    """``model`` cut after ``seeds`` (the front's last nodes: with every node they depend
+    on and the state updates, the front), as ``split_in_two`` cuts it."""
     was_llm = _is_llm_shaped(model)
-    front = _ancestors(_front_seeds(model, roles, front_layers) + list(model.get_sinks()))
+    front = _ancestors(seeds + list(model.get_sinks()))
     ordered = model.get_ordered_ops()
     matmuls = [node.get_name() in front for node in ordered if node.get_type_name() == "MatMul"]
     if all(matmuls) or not any(matmuls):
@@ -127,8 +136,8 @@ def split_in_two(model: ov.Model, roles: ModelRoles) -> GraphHalves | None:
         front_model,
         back_model,
         tuple(f"{HANDOFF_PREFIX}{i}" for i in range(len(handoff))),
-        len(front_layers),
-        len(layers) - len(front_layers),
+        front_layers,
+        layers - front_layers,
     )
 
 

@@ -20,10 +20,11 @@ import openvino as ov
 
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir import paged as graph
+from ovspec.runtime.blockkv import cache_layouts
 from ovspec.runtime.blockpool import BlockPool, blocks_for, reservation_schedule
 from ovspec.runtime.decoding import check_prompt_ids
 from ovspec.runtime.kvcache import Migration
-from ovspec.runtime.paged import PagedLoader, cache_layouts
+from ovspec.runtime.paged import PagedLoader
 from ovspec.runtime.sampling import GenerationConfig, TokenChooser
 
 # Called with each generated token once chosen; returning True ends the sequence.

@@ -13,8 +13,8 @@ import openvino as ov
 
 from ovspec.errors import BadRequestError, LadderError, arg
 from ovspec.ladder import Ladder
+from ovspec.runtime.blockkv import BLOCK_TOKENS
 from ovspec.runtime.kvcache import Migration
-from ovspec.runtime.paged import BLOCK_TOKENS
 
 
 def reservation_schedule(ladder: Ladder, budget_tokens: int) -> tuple[int, ...]:

@@ -27,6 +27,7 @@ from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
 from ovspec.runtime.autorun import AutoLoader
+from ovspec.runtime.blockkv import BlockKV
 from ovspec.runtime.kv import (
     KVCache,
     KVLayout,
@@ -45,7 +46,7 @@ from ovspec.runtime.options import (
     OpenOptions,
     Tuning,
 )
-from ovspec.runtime.paged import BlockKV, PagedLoader, PagedSequence
+from ovspec.runtime.paged import PagedLoader, PagedSequence
 from ovspec.runtime.session import BoundaryRecord, DecodeSession, StepRecord
 from ovspec.store.local import Store
 from ovspec.store.remote import Remote, RemoteConfig

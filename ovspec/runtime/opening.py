@@ -207,8 +207,6 @@ def _paged_loader(options: OpenOptions, decided: Decisions, tuning: Tuning) -> P
             f"{arg('load_mode', 'paged')} compiles the IR's own weights and graph: weight "
             f"compression and rewrites shape rung graphs ({arg('load_mode', 'compile')})"
         )
-    # The device and the properties, refused here as a rung compile would refuse them.
-    decided.profile.resolve(ov.Core(), decided.properties)
     with contextlib.ExitStack() as stack:
         store = _store(options, stack)
         model_dir = resolve_model(str(options.model), store.models_folder)
@@ -223,7 +221,18 @@ def _paged_loader(options: OpenOptions, decided: Decisions, tuning: Tuning) -> P
             on_close=(stack.pop_all().close,),
             model_dir=model_dir,
             store=store,
+            halve_graph=len(usable_cores()) >= 2,
         )
+    # The IR is read and transformed on a thread while the device and the properties are
+    # checked (refused here as a rung compile would refuse them); its compile then runs
+    # while the caller prepares its request.
+    loader.read_ahead()
+    try:
+        decided.profile.resolve(ov.Core(), decided.properties)
+    except BaseException:
+        loader.close()
+        raise
+    loader.compile_ahead()
     return loader
 
 

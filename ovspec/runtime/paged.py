@@ -1,8 +1,8 @@
 """The paged path (``load_mode="paged"``, CPU): one PagedAttention graph compiled from the
 IR serves the prompt, in chunks, and every decode step. Attention reads only the live
-blocks, so a step costs what its live length costs, not its rung's capacity. The KV is
-block arrays this module owns, reserved one rung at a time and grown at a boundary; a
-rung the request cannot fill is reserved only up to the request's reachable length.
+blocks, so a step costs what its live length costs, not its rung's capacity; the KV is
+``runtime/blockkv.py``'s block arrays. ``open`` starts reading and compiling the graph on
+a thread; with two cores or more it compiles as two halves side by side, run as one.
 """
 
 from __future__ import annotations
@@ -10,153 +10,41 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import openvino as ov
 
+from ovspec.compile.halves import CompiledGraph, HalvedCompiledModel, compile_halves
 from ovspec.compile.modes import LoadMode
 from ovspec.errors import CompileError, LadderError, openvino_message
 from ovspec.ir import paged as graph
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ladder import Ladder
-from ovspec.runtime import vmem
-from ovspec.runtime.kvcache import Migration
+from ovspec.runtime.blockkv import BLOCK_TOKENS, BlockKV, cache_layouts
 from ovspec.runtime.loader import EventKind, LoaderEvent, Policy
 from ovspec.runtime.session import BoundaryRecord, StepRecord
 from ovspec.runtime.tokenizer import Tokenizer
 from ovspec.store.local import Store
 
-# The CPU plugin's PagedAttention block: tokens per block of every cache array.
-BLOCK_TOKENS = 32
 PAGED_LABEL = "paged"  # the graph's name in loader events
 
 
-def cache_layouts(compiled: ov.CompiledModel) -> dict[str, tuple[ov.Shape, ov.Type]]:
-    """Each cache input's block shape (without the block axis) and element type."""
-    layouts = {}
-    for port in compiled.inputs:
-        name = port.get_any_name()
-        if name.startswith((graph.KEY_CACHE_PREFIX, graph.VALUE_CACHE_PREFIX)):
-            dims = ov.Shape([d.get_length() for d in list(port.get_partial_shape())[1:]])
-            layouts[name] = (dims, port.get_element_type())
-    return layouts
-
-
-class BlockKV:
-    """One sequence's KV as ``[blocks, ...]`` byte arrays, one per cache input, typed as
-    the compiled graph wants (bf16, u8 or u4 included), holding its rung's capacity.
-    ``reserved_tokens`` (at most the capacity) holds fewer blocks where the sequence
-    cannot fill its rung. With ``ceiling_tokens`` (the most it may ever reserve) and a
-    kernel that maps pages, each array is a view of an address range reserved up to the
-    ceiling whose pages (huge where the kernel gives them) commit on first write: growing
-    widens the views, no byte copied; otherwise growing copies the live blocks once."""
-
-    def __init__(
-        self,
-        layouts: dict[str, tuple[ov.Shape, ov.Type]],
-        capacity_tokens: int,
-        reserved_tokens: int | None = None,
-        ceiling_tokens: int | None = None,
-    ) -> None:
-        self._layouts = layouts
-        self.capacity_tokens = capacity_tokens
-        self.reserved_tokens = min(reserved_tokens or capacity_tokens, capacity_tokens)
-        self.live_tokens = 0
-        self.measure_physical = False
-        self._regions: dict[str, vmem.Region] = {}
-        if ceiling_tokens is not None and vmem.unsupported_reason() is None:
-            blocks = math.ceil(max(ceiling_tokens, self.reserved_tokens) / BLOCK_TOKENS)
-            # Huge pages: a decode step reads every live block of every layer.
-            self._regions = {
-                name: vmem.Region(blocks * self._block_bytes(name), huge_pages=True)
-                for name in layouts
-            }
-        self._arrays = self._allocate(self.reserved_tokens)
-
-    def _block_bytes(self, name: str) -> int:
-        dims, kind = self._layouts[name]
-        return int(math.prod(dims) * kind.bitwidth // 8)
-
-    def _in_regions(self, capacity_tokens: int) -> bool:
-        blocks = math.ceil(capacity_tokens / BLOCK_TOKENS)
-        return bool(self._regions) and all(
-            blocks * self._block_bytes(n) <= r.size_bytes for n, r in self._regions.items()
-        )
-
-    def _allocate(self, capacity_tokens: int) -> dict[str, np.ndarray]:
-        blocks = math.ceil(capacity_tokens / BLOCK_TOKENS)
-        if self._in_regions(capacity_tokens):  # views of the reserved ranges
-            return {
-                name: region.array(0, (blocks, self._block_bytes(name)), np.dtype(np.uint8))
-                for name, region in self._regions.items()
-            }
-        return {
-            name: np.zeros((blocks, self._block_bytes(name)), np.uint8) for name in self._layouts
-        }
-
-    def tensors(self) -> dict[str, ov.Tensor]:
-        return {
-            name: ov.Tensor(array, ov.Shape([len(array), *self._layouts[name][0]]), kind)
-            for name, array in self._arrays.items()
-            for kind in (self._layouts[name][1],)
-        }
-
-    def grow(self, capacity_tokens: int, reserved_tokens: int | None = None) -> Migration:
-        """Move to ``capacity_tokens`` (``reserved_tokens`` of it): wider views of the
-        reserved ranges, or new arrays, the live blocks copied, the old freed."""
-        if capacity_tokens <= self.capacity_tokens:
-            raise LadderError(f"cannot grow KV from {self.capacity_tokens} to {capacity_tokens}")
-        began = time.perf_counter()
-        old, old_bytes = self._arrays, self.reserved_bytes
-        reserved = min(reserved_tokens or capacity_tokens, capacity_tokens)
-        in_place = self._in_regions(reserved)
-        new = self._allocate(reserved)
-        live_blocks = math.ceil(self.live_tokens / BLOCK_TOKENS)
-        copied = 0
-        for name, array in old.items() if not in_place else ():
-            new[name][:live_blocks] = array[:live_blocks]
-            copied += array[:live_blocks].nbytes
-        copy_s = time.perf_counter() - began
-        allocated = sum(a.nbytes for a in new.values())
-        self._arrays = new
-        del old
-        migration = Migration(
-            from_capacity_tokens=self.capacity_tokens,
-            to_capacity_tokens=capacity_tokens,
-            live_tokens=self.live_tokens,
-            copied_bytes=copied,
-            allocated_bytes=allocated,
-            seconds=time.perf_counter() - began,
-            peak_reserved_bytes=allocated if in_place else old_bytes + allocated,
-            copy_seconds=copy_s,
-        )
-        self.capacity_tokens, self.reserved_tokens = capacity_tokens, reserved
-        return migration
-
-    @property
-    def reserved_bytes(self) -> int:
-        return sum(a.nbytes for a in self._arrays.values())
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """Each cache input's ``[blocks, bytes]`` array (writes land in the KV); valid
-        until the next ``grow``."""
-        return dict(self._arrays)
-
-    def spans(self) -> list[tuple[int, int]]:
-        return [(a.ctypes.data, a.nbytes) for a in self._arrays.values()]
-
-    def physical_bytes(self) -> int | None:
-        return vmem.resident_bytes(self.spans())
-
-    def close(self) -> None:
-        self._arrays = {}
-        self._regions = {}  # each unmapped once no view or bound tensor holds it
+def computes_in_f32(device: str, properties: Mapping[str, str]) -> bool:
+    """Whether ``device`` computes in f32 under ``properties``: only then do two halves
+    give the whole graph's values (a lower precision may keep the tensor a cut hands off
+    in it, where a half's output is f32)."""
+    hint = properties.get("INFERENCE_PRECISION_HINT")
+    if hint is None and properties.get("EXECUTION_MODE_HINT", "").upper() == "ACCURACY":
+        return True
+    if hint is None:
+        hint = ov.Core().get_property(device, "INFERENCE_PRECISION_HINT").get_type_name()
+    return hint.lower() in ("f32", "float32")
 
 
 class PagedLoader:
-    """The paged graph of one model, compiled once on first use; what ``decode`` asks
+    """The paged graph of one model, compiled once (ahead, or on first use); what ``decode`` asks
     of a loader (``ladder``, ``events``, ``origin_s``...), without rungs to load."""
 
     load_mode = LoadMode.PAGED
@@ -174,8 +62,12 @@ class PagedLoader:
         on_close: Sequence[Callable[[], None]] = (),
         model_dir: ModelDir | None = None,
         store: Store | None = None,
+        halve_graph: bool = False,
     ) -> None:
         self.ladder = ladder
+        # Compile the single-sequence graph as two halves side by side (>= 2 cores), where
+        # the device computes in f32 (``computes_in_f32``).
+        self.halve_graph = halve_graph
         # What a saved session's key reads: the model's files and the store it lives in.
         self.model_dir = model_dir  # None: the folder holding xml_path, when asked
         self.store = store
@@ -188,11 +80,17 @@ class PagedLoader:
         self._on_close = list(on_close)
         self._events: list[LoaderEvent] = []
         self._lock = threading.Lock()
-        self._compiled: ov.CompiledModel | None = None
+        self._compiled: CompiledGraph | None = None
         self._batched: ov.CompiledModel | None = None  # continuous batching's graph
         self._paged: graph.PagedModel | None = None  # until compiled
         self._vocab_tokens: int | None = None
+        self._vocab_read = False  # _vocab_tokens holds the IR's (None: not static)
         self._closed = False
+        self._ahead: threading.Thread | None = None  # reading/compiling the graph early
+        self._ahead_go = threading.Event()  # the ahead thread may compile (or must stop)
+        self._ahead_read = threading.Event()  # the ahead thread has read the IR (or failed)
+        self._ahead_error: BaseException | None = None
+        self._ahead_skip = False  # the graph it would compile is no longer wanted
 
     @property
     def origin_s(self) -> float:
@@ -210,44 +108,117 @@ class PagedLoader:
         with self._lock:
             return list(self._events)
 
+    def read_ahead(self) -> None:
+        """Read and transform the IR on a thread from now on, and compile it once
+        ``compile_ahead`` is called: the caller's own work (checking the device, loading
+        the tokenizer, templating the prompt) overlaps them. ``start`` and
+        ``vocab_tokens`` wait for the thread; its error is raised there."""
+        with self._lock:
+            if self._ahead is not None or self._compiled is not None or self._closed:
+                return
+            self._ahead = threading.Thread(
+                target=self._prepare, name="ovspec-paged-ahead", daemon=True
+            )
+            self._ahead.start()
+
+    def compile_ahead(self) -> None:
+        """Let the thread ``read_ahead`` started compile the graph it read."""
+        self._ahead_go.set()
+
+    def _prepare(self) -> None:
+        try:
+            paged = graph.paged_model(self._xml_path)
+            with self._lock:
+                self._paged, self._vocab_tokens = paged, paged.vocab_tokens
+                self._vocab_read = True
+            self._ahead_read.set()
+            self._ahead_go.wait()
+            if self._closed or self._ahead_skip:
+                return
+            compiled = self._compile(paged, "paged attention, from the IR", self.halve_graph)
+            with self._lock:
+                if not (self._closed or self._ahead_skip):
+                    self._compiled, self._paged = compiled, None
+        except BaseException as exc:  # raised by the thread that waits for it
+            self._ahead_error = exc
+        finally:
+            self._ahead_read.set()
+
+    def _join_ahead(self, compile_too: bool = True) -> None:
+        """Wait for the ahead thread (only its read unless ``compile_too``); raise its
+        error once (a later ``start`` then tries again in the foreground)."""
+        thread = self._ahead
+        if thread is None:
+            return
+        if compile_too:
+            self._ahead_go.set()
+            thread.join()
+            self._ahead = None
+        else:
+            self._ahead_read.wait()
+        error, self._ahead_error = self._ahead_error, None
+        if error is not None:
+            self._ahead_go.set()
+            thread.join()
+            self._ahead = None
+            raise error
+
     @property
     def vocab_tokens(self) -> int | None:
         """The vocabulary, from the transformed IR (a request is checked against it
         before anything compiles)."""
+        self._join_ahead(compile_too=False)
         with self._lock:
-            if self._compiled is None and self._batched is None and self._paged is None:
+            if not self._vocab_read:
                 self._paged = graph.paged_model(self._xml_path)
-                self._vocab_tokens = self._paged.vocab_tokens
+                self._vocab_tokens, self._vocab_read = self._paged.vocab_tokens, True
             return self._vocab_tokens
 
     def start(self, first_capacity_tokens: int | None = None) -> None:
         """Compile the paged graph if it is not yet (in the foreground: the prompt waits
         for it); any rung's first token runs on it."""
+        self._join_ahead()
         with self._lock:
             if self._closed:
                 raise LadderError("the loader is closed")
             if self._compiled is not None:
                 return
             paged = self._paged or graph.paged_model(self._xml_path)
-            self._compiled = self._compile(paged, "paged attention, from the IR")
+            self._compiled = self._compile(paged, "paged attention, from the IR", self.halve_graph)
             self._paged = None  # the compiled graph holds what it needs
 
     def batched_graph(self) -> ov.CompiledModel:
         """The paged graph with one logits row per sequence of a call (its
-        ``logits_indices`` input), compiled on first use: what continuous batching runs."""
+        ``logits_indices`` input), compiled on first use: what continuous batching runs.
+        The single-sequence graph an ahead thread would compile is dropped unused."""
+        self._ahead_skip = self._compiled is None
+        self._join_ahead()
         with self._lock:
             if self._closed:
                 raise LadderError("the loader is closed")
             if self._batched is None:
                 paged = graph.paged_model(self._xml_path, per_sequence_logits=True)
-                self._batched = self._compile(paged, "paged attention, per-sequence logits")
+                batched = self._compile(paged, "paged attention, per-sequence logits")
+                assert isinstance(batched, ov.CompiledModel)  # never halved
+                self._batched = batched
             return self._batched
 
-    def _compile(self, paged: graph.PagedModel, note: str) -> ov.CompiledModel:
+    def _compile(self, paged: graph.PagedModel, note: str, halve: bool = False) -> CompiledGraph:
+        """Compile ``paged``; with ``halve``, as two halves side by side where it splits
+        (a CPU compile keeps one core busy: it takes them all about half the time)."""
         began = time.perf_counter()
         self._record(EventKind.LOAD_START, began, 0.0)
+        self._paged = None  # taken apart by a split: a compile that fails reads it again
         try:
-            compiled = ov.Core().compile_model(paged.model, self.device, self.properties)
+            exact = halve and computes_in_f32(self.device, self.properties)
+            halves = graph.paged_halves(paged) if exact else None
+            if halves is None:
+                compiled: CompiledGraph = ov.Core().compile_model(
+                    paged.model, self.device, self.properties
+                )
+            else:
+                compiled = compile_halves(ov.Core(), halves, self.device, self.properties)
+                note += ", in two halves compiled side by side"
         except RuntimeError as exc:
             raise CompileError(
                 f"{self.device} could not compile the paged graph: {openvino_message(exc)}"
@@ -255,7 +226,7 @@ class PagedLoader:
         done = time.perf_counter()
         self._record(EventKind.COMPILED, done, done - began, note)
         self._record(EventKind.LOADED, done, 0.0)
-        self._vocab_tokens = paged.vocab_tokens
+        self._vocab_tokens, self._vocab_read = paged.vocab_tokens, True
         return compiled
 
     def sequence(
@@ -278,8 +249,14 @@ class PagedLoader:
         """The compiled graph's values of ``names`` (those it reports), compiling it first."""
         self.start()
         assert self._compiled is not None
-        supported = set(self._compiled.get_property("SUPPORTED_PROPERTIES"))
-        return {name: self._compiled.get_property(name) for name in names if name in supported}
+        # Halves compile with the same properties: the front's values are the graph's.
+        one = (
+            self._compiled.front
+            if isinstance(self._compiled, HalvedCompiledModel)
+            else self._compiled
+        )
+        supported = set(one.get_property("SUPPORTED_PROPERTIES"))
+        return {name: one.get_property(name) for name in names if name in supported}
 
     def builds_in_flight(self) -> tuple[str, ...]:
         """Nothing: the one graph is compiled in the foreground."""
@@ -296,6 +273,10 @@ class PagedLoader:
             if self._closed:
                 return
             self._closed = True
+        self._ahead_go.set()  # a compile under way cannot be stopped: it is waited for
+        if self._ahead is not None:
+            self._ahead.join()
+        with self._lock:
             self._compiled = self._batched = None
         for hook in reversed(self._on_close):
             hook()
@@ -312,7 +293,7 @@ class PagedSequence:
 
     def __init__(
         self,
-        compiled: ov.CompiledModel,
+        compiled: CompiledGraph,
         ladder: Ladder,
         capacity_tokens: int,
         chunk_tokens: int,

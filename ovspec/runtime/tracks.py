@@ -16,11 +16,12 @@ from ovspec.errors import LadderError
 from ovspec.ir.roles import ModelRoles
 from ovspec.ir.specialize import Specialization
 from ovspec.ladder import Ladder
+from ovspec.runtime.blockkv import BLOCK_TOKENS
 from ovspec.runtime.kv import KVCache, choose_layout, make_kv
 from ovspec.runtime.kvcache import seq_slice
 from ovspec.runtime.loader import Loader
 from ovspec.runtime.options import DEFAULT_PREFILL_CHUNK_TOKENS
-from ovspec.runtime.paged import BLOCK_TOKENS, PagedLoader, PagedSequence
+from ovspec.runtime.paged import PagedLoader, PagedSequence
 from ovspec.runtime.session import BoundaryRecord, DecodeSession
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +18,18 @@ from click.testing import CliRunner
 import ovspec
 import ovspec.cli.commands
 from ovspec.cli import cli
+from ovspec.compile.halves import HalvedCompiledModel
 from ovspec.compile.modes import LoadMode
 from ovspec.compile.split import usable_cores
-from ovspec.errors import BadRequestError, ModelError
+from ovspec.errors import BadRequestError, LadderError, ModelError
 from ovspec.ir.paged import KEY_CACHE_PREFIX, paged_model
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
+from ovspec.ladder import Ladder
 from ovspec.runtime import vmem
+from ovspec.runtime.blockkv import BLOCK_TOKENS, BlockKV, cache_layouts
 from ovspec.runtime.decoding import decode, open_rungs
 from ovspec.runtime.loader import EventKind
-from ovspec.runtime.paged import BLOCK_TOKENS, BlockKV, PagedLoader
+from ovspec.runtime.paged import PagedLoader, computes_in_f32
 
 
 def test_greedy_tokens_and_logits_are_the_stateful_references(
@@ -115,6 +119,80 @@ def test_the_kv_arrays_take_the_type_the_compiled_graph_chose(
         finally:
             sequence.close()
     assert len(result.token_ids) == 40 and result.rungs == (32, 64)
+
+
+def test_open_compiles_the_graph_on_a_thread_before_the_first_request(
+    qwen2_dir: Path, tmp_path: Path
+) -> None:
+    """The compile starts at ``open`` (the caller's work overlaps it) and the request
+    then runs on that graph: one compile, its tokens those of a foreground compile."""
+    with ovspec.open(qwen2_dir, "32,64", store=tmp_path, load_mode="paged") as loader:
+        waited_s = 0.0
+        while EventKind.COMPILED not in [e.kind for e in loader.events] and waited_s < 60:
+            time.sleep(0.05)
+            waited_s += 0.05
+        assert [e.kind for e in loader.events].count(EventKind.COMPILED) == 1
+        ahead = decode(loader, list(range(1, 20)), max_new_tokens=8)
+        assert [e.kind for e in ahead.events].count(EventKind.COMPILED) == 1
+    assert isinstance(loader, PagedLoader)
+    foreground = PagedLoader(qwen2_dir / "openvino_model.xml", loader.ladder, "CPU", {}, 128)
+    with foreground:
+        assert not foreground.events  # nothing compiles before it is asked
+        alone = decode(foreground, list(range(1, 20)), max_new_tokens=8)
+    assert alone.token_ids == ahead.token_ids
+
+
+def test_the_graph_in_two_halves_gives_the_whole_graphs_logits(
+    fixture_dir: Path,
+) -> None:
+    """Halves compiled side by side (what ``open`` does with two cores) run as the
+    whole graph: same tokens, same logits at every step, KV blocks of the same types."""
+    reference = np.load(fixture_dir / "reference.npz")
+    prompt = [int(t) for t in reference["prompt_ids"]]
+    results = {}
+    for halve in (False, True):
+        loader = PagedLoader(
+            fixture_dir / "openvino_model.xml",
+            Ladder.parse("32,64"),
+            "CPU",
+            dict(EXACT_CPU_PROPERTIES),
+            5,
+            halve_graph=halve,
+        )
+        with loader:
+            results[halve] = decode(
+                loader, prompt, max_new_tokens=40, keep_logits=lambda _s, _l: True
+            )
+            compiled = loader._compiled
+            assert isinstance(compiled, HalvedCompiledModel) is halve
+            layouts = cache_layouts(compiled)  # type: ignore[arg-type]
+            if halve:  # each half holds its own layers' blocks
+                front = {p.get_any_name() for p in compiled.front.inputs}  # type: ignore[union-attr]
+                assert 0 < len(front & set(layouts)) < len(layouts)
+    whole, halves = results[False], results[True]
+    assert halves.token_ids == whole.token_ids
+    for step, logits in whole.logits.items():
+        np.testing.assert_allclose(halves.logits[step], logits, rtol=0, atol=1e-5)
+    notes = [e.note for e in halves.events if e.kind is EventKind.COMPILED]
+    assert notes and "two halves" in notes[0]
+
+
+def test_halves_are_compiled_only_where_the_device_computes_in_f32() -> None:
+    assert computes_in_f32("CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    assert not computes_in_f32("CPU", {"INFERENCE_PRECISION_HINT": "bf16"})
+    assert not computes_in_f32("CPU", {"INFERENCE_PRECISION_HINT": "f16"})
+    assert computes_in_f32("CPU", {"EXECUTION_MODE_HINT": "ACCURACY"})
+    default = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    assert computes_in_f32("CPU", {}) is (default == "f32")
+
+
+def test_a_loader_closed_while_reading_ahead_compiles_nothing(qwen2_dir: Path) -> None:
+    loader = PagedLoader(qwen2_dir / "openvino_model.xml", Ladder.parse("32"), "CPU", {}, 128)
+    loader.read_ahead()
+    loader.close()  # before compile_ahead: the thread stops after its read
+    assert not loader.events
+    with pytest.raises(LadderError, match="closed"):
+        loader.start()
 
 
 def test_a_stateless_ir_is_one_clear_error(tmp_path: Path) -> None:
