@@ -255,6 +255,7 @@ class PagedLoader:
             if isinstance(self._compiled, HalvedCompiledModel)
             else self._compiled
         )
+        assert isinstance(one, ov.CompiledModel)  # a paged graph is never cut
         supported = set(one.get_property("SUPPORTED_PROPERTIES"))
         return {name: one.get_property(name) for name in names if name in supported}
 
