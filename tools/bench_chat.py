@@ -43,6 +43,13 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 @click.option("--repetitions", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--chunk", "chunk_tokens", type=click.IntRange(min=1), default=512)
 @click.option(
+    "--idle-s",
+    type=click.FloatRange(min=0.0, max=60.0),
+    default=0.5,
+    show_default=True,
+    help="Seconds each arm idles, running alone, after its load and each turn.",
+)
+@click.option(
     "--work-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_MODELS_DIR.parent / "chat",
@@ -65,6 +72,7 @@ def main(
     answer_tokens: int,
     repetitions: int,
     chunk_tokens: int,
+    idle_s: float,
     work_dir: Path,
     out: Path,
     as_json: bool,
@@ -74,7 +82,7 @@ def main(
         for model in models:
             config = ChatConfig(
                 model, ladder, system_tokens, turns, user_tokens, answer_tokens, repetitions,
-                chunk_tokens,
+                chunk_tokens, idle_s,
             )  # fmt: skip
             cases[model] = run_chat(config, work_dir, {}, _progress(model))
         results: dict[str, object] = {"cases": cases, "case_order": list(models)}

@@ -152,3 +152,24 @@ def test_arms_that_stop_themselves_between_turns_alternate_turn_by_turn() -> Non
     # Turn i of one arm began after turn i - 1 of both: they alternate, none skipped.
     for i in range(1, 4):
         assert min(starts["a"][i], starts["b"][i]) > max(starts["a"][i - 1], starts["b"][i - 1])
+
+
+def test_an_arm_idles_alone_after_its_turn_before_it_stops() -> None:
+    """``checkpoint(idle_s)``: the next arm starts only after this one's idle time."""
+    child = (
+        "import json, sys, time\n"
+        "from ovspec.bench.common.lockstep import checkpoint\n"
+        "checkpoint(0.3)\n"
+        "marks = []\n"
+        "for _ in range(2):\n"
+        "    began = time.time()\n"
+        "    marks.append((began, time.time()))\n"
+        "    checkpoint(0.3)\n"
+        "print(json.dumps(marks))\n"
+    )
+    arms = [LockstepArm(x, lambda _s: [sys.executable, "-c", child], REPO) for x in "ab"]
+    found = run_lockstep(arms, 1)
+    marks = {x: json.loads(found.arms[x]["stdout"].splitlines()[-1]) for x in "ab"}
+    # Loads run a then b; turn 1 runs b then a: a's begins 0.3 s or more after b's ended.
+    assert found.schedule[:4] == ["a", "b", "b", "a"]
+    assert marks["a"][0][0] - marks["b"][0][1] >= 0.3

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -155,3 +156,21 @@ def test_one_pair_of_a_timed_figure_decides_nothing() -> None:
     ]
     interval = ratio_interval(two, "genai-npu", first_token)
     assert interval is not None and interval.low == interval.high == 0.25  # does not vary
+
+
+def test_the_split_counts_the_host_build_process_memory_too() -> None:
+    from ovspec.bench.npu.page import _peak_rss_mib
+    from ovspec.bench.speed.arm import _children_hwm_mib
+
+    assert _peak_rss_mib({"vm_hwm_mib": 100.0, "host_vm_hwm_mib": 40.0}) == 140.0
+    assert _peak_rss_mib({"vm_hwm_mib": 100.0}) == 100.0  # genai's arm, or no split
+    alone = _children_hwm_mib()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        deadline = time.monotonic() + 5
+        while _children_hwm_mib() <= alone and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _children_hwm_mib() > alone  # a live child's VmHWM is counted
+    finally:
+        child.kill()
+        child.wait()

@@ -45,7 +45,7 @@ def _ovspec(request: dict[str, Any]) -> dict[str, Any]:
         # by rounding (the message's attention reads the system prompt's K/V from the u8
         # cache), which flips a greedy near-tie. A separate, untimed conversation fills it.
         cache = PrefixCache()  # in memory: the figure is the hit, not the disk read
-        checkpoint()  # loaded
+        checkpoint(request.get("idle_s", 0.0))  # loaded
         with Conversation(loader) as conversation:
             conversation.append(system)
             for i, user in enumerate(users):
@@ -67,7 +67,7 @@ def _ovspec(request: dict[str, Any]) -> dict[str, Any]:
                         "token_ids": list(turn.token_ids),
                     }
                 )
-                checkpoint()
+                checkpoint(request.get("idle_s", 0.0))
         with Conversation(loader, prefix_cache=cache) as seed:
             seed.append(system, cache_prefix=True)
             seed.generate(GenerationConfig(max_new_tokens=1, ignore_eos=True))
@@ -121,7 +121,7 @@ def _genai(request: dict[str, Any]) -> dict[str, Any]:
     # its own ids would be answered without the conversation. The whole conversation goes
     # in; its prefix cache (on by default) finds the earlier turns' blocks.
     history: list[int] = []
-    checkpoint()  # loaded
+    checkpoint(request.get("idle_s", 0.0))  # loaded
     for ids in _turns(request):
         history += ids
         array = np.array(history, dtype=np.int64)[None]
@@ -137,7 +137,7 @@ def _genai(request: dict[str, Any]) -> dict[str, Any]:
                 "token_ids": answer,
             }
         )
-        checkpoint()
+        checkpoint(request.get("idle_s", 0.0))
     return {"turns": turns}
 
 

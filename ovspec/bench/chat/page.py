@@ -180,7 +180,7 @@ def _case(results: Mapping[str, Any]) -> list[str]:
         f"Model `{config['model']}`, ladder {config['ladder']}, a {config['system_tokens']}-token "
         f"system prompt, {config['turns']} turns of {config['user_tokens']} tokens, answers of "
         f"{config['answer_tokens']} greedy tokens, {config['repetitions']} repetitions "
-        f"({LOCKSTEP if is_lockstep(results) else 'each arm a fresh process, order alternating'})"
+        f"({_protocol(results, config)})"
         ". ovspec: a `Conversation` on the paged "
         f"path; genai: {GENAI_ARM if fair else GENAI_ARM_BEFORE}",
         "",
@@ -244,3 +244,18 @@ def _lockstep_note(paired: LockstepRatio) -> list[str]:
         f"{text(paired.blocks)}; lag-1 autocorrelation of the turns' log ratios {lag}.",
         "",
     ]
+
+
+def _protocol(results: Mapping[str, Any], config: Mapping[str, Any]) -> str:
+    """How the arms ran: lockstep (with the idle time after each turn, when there was
+    one) or, in results from before it, each arm's whole chat in a fresh process."""
+    if not is_lockstep(results):
+        return "each arm a fresh process, order alternating"
+    idle_s = float(config.get("idle_s", 0.0))
+    if idle_s <= 0.0:
+        return LOCKSTEP
+    return (
+        f"{LOCKSTEP}; after its load and each turn an arm idles {idle_s:g} s, still alone, "
+        "before it stops: a person's reading time, which work either arm defers past a turn "
+        "may use"
+    )

@@ -42,12 +42,17 @@ class ChatConfig:
     answer_tokens: int = 60
     repetitions: int = 3
     chunk_tokens: int = 512
+    # After its load and each turn an arm idles this long, alone, before it stops: the
+    # time a person reads and types, which deferred work (either arm's) may use.
+    idle_s: float = 0.5
 
     def __post_init__(self) -> None:
         if min(self.system_tokens, self.turns, self.user_tokens, self.answer_tokens) < 1:
             raise BadRequestError("system, turns, user and answer tokens must be at least 1")
         if self.repetitions < 1:
             raise BadRequestError("--repetitions must be at least 1")
+        if not 0.0 <= self.idle_s <= 60.0:
+            raise BadRequestError("--idle-s must be between 0 and 60 seconds")
 
 
 def conversation_ids(config: ChatConfig, model_dir: Path, vocab_tokens: int) -> dict[str, Any]:
@@ -85,6 +90,7 @@ def run_chat(
         "ladder": config.ladder,
         "answer_tokens": config.answer_tokens,
         "chunk_tokens": config.chunk_tokens,
+        "idle_s": config.idle_s,
         "store": str(work_dir / "store"),
         "properties": dict(properties),
     }

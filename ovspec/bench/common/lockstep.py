@@ -43,12 +43,15 @@ def token_reporter() -> Callable[[], None] | None:
     return report
 
 
-def checkpoint() -> None:
-    """Under a coordinator: report one unit done (a turn, say) and stop this process at
-    once, so the next unit's timing starts only when the coordinator resumes it (a
-    SIGSTOP sent after the report could land inside the next unit). Else nothing."""
+def checkpoint(idle_s: float = 0.0) -> None:
+    """Under a coordinator: stay idle ``idle_s`` (still running alone: work deferred past
+    a unit, such as a background compile, gets that time, as a reader's pause gives it),
+    then report one unit done (a turn, say) and stop this process at once, so the next
+    unit's timing starts only when the coordinator resumes it (a SIGSTOP sent after the
+    report could land inside the next unit). Else nothing."""
     fd = os.environ.get(ENV_FD)
     if fd:
+        time.sleep(idle_s)
         # "c": the coordinator must not stop it again (a second SIGSTOP, pending when the
         # first lands, would stop it again right after its resume).
         os.write(int(fd), SELF_STOP)

@@ -106,6 +106,28 @@ def _status_mib_fields(*fields: str) -> dict[str, float]:
     return found
 
 
+def _children_hwm_mib() -> float:
+    """The summed VmHWM of this process's child processes (0 without any)."""
+    import os
+
+    total = 0.0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids = f.read().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            total += int(line.split()[1]) / 1024
+            except OSError:
+                continue  # it ended meanwhile
+    return total
+
+
 def _status_mib(field: str) -> float:
     return _status_mib_fields(field)[field]
 
@@ -209,9 +231,11 @@ def _ovspec(request: ArmRequest, on_token: Any) -> dict[str, Any]:
             result = runtime.decode(
                 loader, request.prompt_ids, max_new_tokens=request.new_tokens, on_token=on_token
             )
+            host_hwm_mib = _children_hwm_mib()  # the split's host build process, alive still
     finally:
         store.close()
     return {
+        "host_vm_hwm_mib": host_hwm_mib,
         "rungs": list(result.rungs),
         "boundary_wait_s": [b.program_wait_s for b in result.boundaries],
         "loads": [
