@@ -170,6 +170,8 @@ def test_an_arm_idles_alone_after_its_turn_before_it_stops() -> None:
     arms = [LockstepArm(x, lambda _s: [sys.executable, "-c", child], REPO) for x in "ab"]
     found = run_lockstep(arms, 1)
     marks = {x: json.loads(found.arms[x]["stdout"].splitlines()[-1]) for x in "ab"}
-    # Loads run a then b; turn 1 runs b then a: a's begins 0.3 s or more after b's ended.
+    # Turn 1 runs a then b (after both loads): b's begins 0.3 s or more after a's ended,
+    # and turn 2 runs b then a: a's begins 0.3 s or more after b's ended.
     assert found.schedule[:4] == ["a", "b", "b", "a"]
-    assert marks["a"][0][0] - marks["b"][0][1] >= 0.3
+    assert marks["b"][0][0] - marks["a"][0][1] >= 0.3
+    assert marks["a"][1][0] - marks["b"][1][1] >= 0.3
