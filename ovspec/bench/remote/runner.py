@@ -200,6 +200,9 @@ def _timed_runs(
         str(settings.chunk_tokens),
         "--load-mode",
         "import",  # through the store on every device (CPU compiles from the IR by default)
+        # Finish the rung a run started loading: a fetch cut short at exit would count as
+        # a miss served by no fetch (a compile) in the store's statistics.
+        "--prewarm",
     ]
     runs: list[Run] = []
     for repeat in range(settings.repeats):
