@@ -19,7 +19,29 @@ if TYPE_CHECKING:
     from ovspec.compile.sharedhead import CutCompiledModel
 
 
-class HalvedCompiledModel:
+class ComposedModel:
+    """What a model run as several compiled ones shows its callers: the ports of the
+    whole (``_inputs``, ``_outputs``, set by the subclass), found by name."""
+
+    _inputs: list[Any]
+    _outputs: list[Any]
+
+    @property
+    def inputs(self) -> list[Any]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[Any]:
+        return list(self._outputs)
+
+    def input(self, name: str) -> Any:
+        return _port(self._inputs, name)
+
+    def output(self, name: str) -> Any:
+        return _port(self._outputs, name)
+
+
+class HalvedCompiledModel(ComposedModel):
     """The two compiled halves; what ``Session`` and ``warm_up`` use of a compiled model.
 
     The front's last ``len(handoff)`` outputs are its hand-offs, in order (they may carry
@@ -43,20 +65,6 @@ class HalvedCompiledModel:
             ),
         ]
         self._outputs = [*front.outputs[: self.own_front_outputs], *back.outputs]
-
-    @property
-    def inputs(self) -> list[Any]:
-        return list(self._inputs)
-
-    @property
-    def outputs(self) -> list[Any]:
-        return list(self._outputs)
-
-    def input(self, name: str) -> Any:
-        return _port(self._inputs, name)
-
-    def output(self, name: str) -> Any:
-        return _port(self._outputs, name)
 
     def create_infer_request(self) -> HalvedInferRequest:
         return HalvedInferRequest(self)
@@ -132,4 +140,4 @@ def _port(ports: list[Any], name: str) -> Any:
     for port in ports:
         if name in port.names:
             return port
-    raise RuntimeError(f"the halved graph has no port {name!r}")
+    raise RuntimeError(f"the graph has no port {name!r}")

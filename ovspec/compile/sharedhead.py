@@ -18,6 +18,7 @@ import numpy as np
 import openvino as ov
 
 from ovspec.compile.blobfile import FileSink, map_file
+from ovspec.compile.halves import ComposedModel
 from ovspec.compile.modes import LoadMode
 from ovspec.errors import CompileError, openvino_message
 from ovspec.ir.graph_io import RewriteRefused
@@ -54,7 +55,7 @@ def _names(port: str | Any) -> set[str]:
     return {port} if isinstance(port, str) else set(port.names)
 
 
-class CutCompiledModel:
+class CutCompiledModel(ComposedModel):
     """A cut graph with the shared embedding before it and the shared head after it
     (either may be absent); what ``Session`` and ``warm_up`` use of a compiled model."""
 
@@ -75,29 +76,8 @@ class CutCompiledModel:
             q for p in body.outputs for q in (ends if HIDDEN_OUTPUT in p.names else [p])
         ]
 
-    @property
-    def inputs(self) -> list[Any]:
-        return list(self._inputs)
-
-    @property
-    def outputs(self) -> list[Any]:
-        return list(self._outputs)
-
-    def input(self, name: str) -> Any:
-        return _port(self._inputs, name)
-
-    def output(self, name: str) -> Any:
-        return _port(self._outputs, name)
-
     def create_infer_request(self) -> CutInferRequest:
         return CutInferRequest(self)
-
-
-def _port(ports: list[Any], name: str) -> Any:
-    for port in ports:
-        if name in port.names:
-            return port
-    raise RuntimeError(f"the graph has no port {name!r}")
 
 
 class CutInferRequest:

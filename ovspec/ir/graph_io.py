@@ -43,12 +43,8 @@ def parameter(model: ov.Model, name: str) -> ov.Node:
     raise ModelError(f"the specialization has no input {name!r}")
 
 
-def last_position_logits(model: ov.Model, roles: ModelRoles) -> None:
-    """Prefill: the LM head runs on the chunk's last real row only (logits [B, 1, V]).
-
-    The row is the number of unmasked chunk slots minus one, read from the mask's
-    last P entries: a right-padded short chunk masks its pads (``runtime.session``).
-    """
+def head_matmul(model: ov.Model, roles: ModelRoles) -> tuple[ov.Node, ov.Node]:
+    """The logits Result and the LM head's MatMul it reads through pass-through ops."""
     result = next((r for r in model.get_results() if roles.logits in r.output(0).names), None)
     if result is None:
         raise RewriteRefused(f"no {roles.logits!r} output")
@@ -57,6 +53,16 @@ def last_position_logits(model: ov.Model, roles: ModelRoles) -> None:
         if node.get_type_name() not in _LM_HEAD_PASS_THROUGH or node.get_input_size() == 0:
             raise RewriteRefused(f"the logits come from {node.get_type_name()}, not a MatMul")
         node = node.input_value(0).get_node()
+    return result, node
+
+
+def last_position_logits(model: ov.Model, roles: ModelRoles) -> None:
+    """Prefill: the LM head runs on the chunk's last real row only (logits [B, 1, V]).
+
+    The row is the number of unmasked chunk slots minus one, read from the mask's
+    last P entries: a right-padded short chunk masks its pads (``runtime.session``).
+    """
+    _result, node = head_matmul(model, roles)
     hidden = node.input_value(0)
     if hidden.get_partial_shape().rank.get_length() != 3:
         raise RewriteRefused("the LM head's input is not [B, P, H]")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset13 as ops
 
-from ovspec.ir.graph_io import _LM_HEAD_PASS_THROUGH, RewriteRefused
+from ovspec.ir.graph_io import RewriteRefused, head_matmul
 from ovspec.ir.roles import ModelRoles
 
 # The output a cut graph ends with: the final hidden state of the row(s) the head reads.
@@ -23,26 +23,13 @@ EMBEDS_INPUT = "ovspec.embeds"
 EMBEDDING_MODEL_NAME = "ovspec-embedding"
 
 
-def _head_matmul(model: ov.Model, roles: ModelRoles) -> tuple[ov.Node, ov.Node]:
-    """The logits Result and the LM head's MatMul it reads through pass-through ops."""
-    result = next((r for r in model.get_results() if roles.logits in r.output(0).names), None)
-    if result is None:
-        raise RewriteRefused(f"no {roles.logits!r} output")
-    node = result.input_value(0).get_node()
-    while node.get_type_name() != "MatMul":
-        if node.get_type_name() not in _LM_HEAD_PASS_THROUGH or node.get_input_size() == 0:
-            raise RewriteRefused(f"the logits come from {node.get_type_name()}, not a MatMul")
-        node = node.input_value(0).get_node()
-    return result, node
-
-
 def cut_head(model: ov.Model, roles: ModelRoles, one_row: bool) -> None:
     """Replace the logits output with ``HIDDEN_OUTPUT``, the LM head's input, in place.
     ``one_row``: the graph's head reads one row (a decode graph, or a prefill graph whose
     head reads its last row); refused otherwise, as the shared head takes one row."""
     if not one_row:
         raise RewriteRefused("the LM head reads every row of the chunk")
-    result, matmul = _head_matmul(model, roles)
+    result, matmul = head_matmul(model, roles)
     hidden = matmul.input_value(0)
     # The logits Result itself returns the hidden state: a Result removed and a new one
     # added made NPUW's folding (2026.4) assert or crash on builtin:small.
@@ -57,7 +44,7 @@ def head_model(dynamic: ov.Model, roles: ModelRoles) -> ov.Model:
     in, the graph's logits out (the same nodes and names). ``RewriteRefused`` when the
     head reads anything but the hidden state and constants."""
     model = dynamic.clone()
-    result, matmul = _head_matmul(model, roles)
+    result, matmul = head_matmul(model, roles)
     hidden = matmul.input_value(0)
     shape = hidden.get_partial_shape()
     if shape.rank.is_dynamic or shape.rank.get_length() != 3 or shape[2].is_dynamic:
