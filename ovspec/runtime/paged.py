@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
+from ovspec.compile.devices.facts import default_precision
 from ovspec.compile.halves import CompiledGraph, HalvedCompiledModel, compile_halves
 from ovspec.compile.modes import LoadMode
 from ovspec.errors import CompileError, LadderError, openvino_message
@@ -39,7 +40,7 @@ def computes_in_f32(device: str, properties: Mapping[str, str]) -> bool:
     if hint is None and properties.get("EXECUTION_MODE_HINT", "").upper() == "ACCURACY":
         return True
     if hint is None:
-        hint = ov.Core().get_property(device, "INFERENCE_PRECISION_HINT").get_type_name()
+        hint = default_precision(ov.Core(), device)
     return hint.lower() in ("f32", "float32")
 
 

@@ -215,12 +215,17 @@ def blob_control(core: ov.Core, device: str) -> tuple[str, str]:
     capabilities: list[str] = []
     if "OPTIMIZATION_CAPABILITIES" in supported:
         capabilities = [str(c) for c in core.get_property(device, "OPTIMIZATION_CAPABILITIES")]
-    default = ""
-    if "INFERENCE_PRECISION_HINT" in supported:
-        value = core.get_property(device, "INFERENCE_PRECISION_HINT")
-        # An ov.Type on CPU ("f32"), plain text elsewhere.
-        default = value.get_type_name() if hasattr(value, "get_type_name") else str(value)
-    return choose_blob_control(capabilities, default)
+    return choose_blob_control(capabilities, default_precision(core, device))
+
+
+def default_precision(core: ov.Core, device: str) -> str:
+    """The precision ``device`` computes in by default (its ``INFERENCE_PRECISION_HINT``,
+    e.g. "f32" or "bf16"), or "" where it reports none."""
+    if "INFERENCE_PRECISION_HINT" not in set(core.get_property(device, "SUPPORTED_PROPERTIES")):
+        return ""
+    value = core.get_property(device, "INFERENCE_PRECISION_HINT")
+    # An ov.Type on CPU ("f32"), plain text elsewhere.
+    return value.get_type_name() if hasattr(value, "get_type_name") else str(value)
 
 
 def compiler_version(core: ov.Core, facts: DeviceFacts) -> str:
