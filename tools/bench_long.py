@@ -8,10 +8,12 @@ Regenerates docs/benchmarks/long-context.md and docs/benchmarks/results/long-con
 
     python tools/bench_long.py --llamacpp-python /path/to/venv/bin/python   # ~26 min quiet
     python tools/bench_long.py --cases smollm2-128 --repetitions 2 --out /tmp/long  # a try
+    python tools/bench_long.py --cases smollm2-128 --repetitions 8 --keep-other-cases
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -19,8 +21,9 @@ from pathlib import Path
 import _this_checkout  # noqa: F401  (before any ovspec import)
 import click
 
-from ovspec.bench.common.pages import write_page
+from ovspec.bench.common.pages import results_path, write_page
 from ovspec.bench.common.records import DEFAULT_MODELS_DIR
+from ovspec.bench.common.rerun import merge_rerun
 from ovspec.bench.long.runner import CASES, PAGE, run_long
 from ovspec.cli import tool_errors
 from ovspec.errors import BadRequestError
@@ -88,6 +91,12 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
     help="An interpreter with llama-cpp-python: adds llama.cpp on the GGUF cases.",
 )
 @click.option(
+    "--keep-other-cases",
+    is_flag=True,
+    help="Rerun only --cases: the saved results of every other case are kept (the page "
+    "lists each command its cases come from).",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=PAGES,
@@ -104,6 +113,7 @@ def main(
     chunk_tokens: int,
     work_dir: Path,
     llamacpp_python: Path | None,
+    keep_other_cases: bool,
     out: Path,
 ) -> None:
     with tool_errors("bench_long"):
@@ -111,6 +121,9 @@ def main(
         unknown = [n for n in names if n not in CASES]
         if unknown or not names:
             raise BadRequestError(f"--cases takes any of {', '.join(CASES)} (got {cases!r})")
+        saved = results_path(out, PAGE)
+        if keep_other_cases and not saved.is_file():
+            raise BadRequestError(f"--keep-other-cases: no saved results at {saved}")
         results = run_long(
             work_dir,
             [CASES[n] for n in names],
@@ -125,6 +138,9 @@ def main(
             on_progress=lambda m: click.echo(f"bench_long: {m}", err=True),
         )
     results["command"] = shlex.join(["python", "tools/bench_long.py", *sys.argv[1:]])
+    if keep_other_cases:
+        with tool_errors("bench_long"):
+            results = merge_rerun(json.loads(saved.read_text(encoding="utf-8")), results)
     page = write_page(out, PAGE, results)
     click.echo(page.read_text(encoding="utf-8"))
 
