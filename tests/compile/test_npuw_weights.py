@@ -13,12 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import ovspec
 from ovspec.compile.compiler import Compiler
 from ovspec.compile.devices import profile_for
 from ovspec.compile.devices.npuw import FOLD, WEIGHTS_BANK
 from ovspec.compile.modes import BlobMode
 from ovspec.ir.model_dir import ModelDir, resolve_model
 from ovspec.ir.specialize import Specialization
+from ovspec.runtime.decoding import Tuning, decode
 from ovspec.store.local import Store
 
 # Not the exact properties: those turn folding off (f32 weights would become f16); the
@@ -167,3 +169,26 @@ def test_a_second_rung_reuses_the_first_rungs_weights_from_the_bank(
     shared = _second_rung_bytes(small_dir, tmp_path / "store", NPUW)
     own = _second_rung_bytes(small_dir, tmp_path / "store", own_bank)
     assert own - shared > 0.5 * model.bin_path.stat().st_size, (own, shared)
+
+
+@pytest.mark.parametrize("release", [None, False])
+def test_a_decode_through_the_ladder_holds_its_rung_and_the_next_only(
+    tiny_dir: Path, tmp_path: Path, release: bool | None
+) -> None:
+    """What keeps a decode's peak at one rung's here (docs/npu.md): the one-ahead loader
+    (its default, None) drops a rung the sequence has left while the next one loads, so
+    at most two decode rungs are ever held; kept (False), the ladder piles up."""
+    ladder = (32, 64, 128)
+    properties = {k: v for k, v in NPUW.items() if k != "NPUW_F16IC"}
+    tuning = Tuning(release_passed_rungs=release)
+    held: list[int] = []
+    with ovspec.open(
+        tiny_dir, "32,64,128", device="NPU", properties=properties, store=tmp_path, tuning=tuning
+    ) as loader:
+
+        def count(_: int) -> None:
+            held.append(sum(loader.program(Specialization.decode(c)) is not None for c in ladder))
+
+        result = decode(loader, list(range(1, 9)), max_new_tokens=120, on_token=count)
+    assert result.rungs == ladder
+    assert max(held) == (2 if release is None else len(ladder)), held
