@@ -13,14 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ovspec
 from ovspec.compile.compiler import Compiler
 from ovspec.compile.devices import profile_for
 from ovspec.compile.devices.npuw import FOLD, WEIGHTS_BANK
 from ovspec.compile.modes import BlobMode
 from ovspec.ir.model_dir import ModelDir, resolve_model
 from ovspec.ir.specialize import Specialization
-from ovspec.runtime.decoding import Tuning, decode
+from ovspec.runtime.decoding import Tuning, decode, open_rungs
 from ovspec.store.local import Store
 
 # Not the exact properties: those turn folding off (f32 weights would become f16); the
@@ -182,7 +181,7 @@ def test_a_decode_through_the_ladder_holds_its_rung_and_the_next_only(
     properties = {k: v for k, v in NPUW.items() if k != "NPUW_F16IC"}
     tuning = Tuning(release_passed_rungs=release)
     held: list[int] = []
-    with ovspec.open(
+    with open_rungs(
         tiny_dir, "32,64,128", device="NPU", properties=properties, store=tmp_path, tuning=tuning
     ) as loader:
 
