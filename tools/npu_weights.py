@@ -9,7 +9,7 @@ fresh process decodes through the ladder (or its top rung alone) with the one-ah
 loader, passed rungs released (its default) or kept, for a few generations (a later one
 imports its rungs from the store again). Prints the figures and writes
 docs/benchmarks/npu-weights.md with its raw samples (results/npu-weights.json); about
-1 min for builtin:small:
+2 min for builtin:small:
 
     python tools/npu_weights.py
     python tools/npu_weights.py --model builtin:qwen2.5-0.5b --out /tmp/w
@@ -193,6 +193,12 @@ def main(model: str, ladder: str, rewrites: str, out: Path) -> None:
         raise click.BadParameter(
             f"takes comma-separated integers (got {ladder!r})", param_hint="--ladder"
         ) from None
+    if capacities != sorted(set(capacities)) or capacities[-1] <= PROMPT_TOKENS:
+        raise click.BadParameter(
+            f"takes ascending rungs, the top one above the decode arms' {PROMPT_TOKENS}-token "
+            f"prompt (got {ladder!r})",
+            param_hint="--ladder",
+        )
     if rewrites != "default":
         try:
             RewriteSet.parse(rewrites)
