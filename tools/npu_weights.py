@@ -4,9 +4,12 @@ of rungs against its top rung alone, the store's blob bytes (the rungs' and the 
 head's and embedding's) and the peak RSS of a fresh process that imports every rung's
 decode graph and runs each once. Three arms: full blobs (the weights in each), weightless
 blobs naming the model's one weights bank (the profile's default), and weightless blobs
-with a bank per rung (the control: what the bank saves). Prints the figures and writes
-docs/benchmarks/npu-weights.md with its raw samples
-(results/npu-weights.json); about 2 min for builtin:small:
+with a bank per rung (the control: what the bank saves). Then the runtime's own use: a
+fresh process decodes through the ladder (or its top rung alone) with the one-ahead
+loader, passed rungs released (its default) or kept, for a few generations (a later one
+imports its rungs from the store again). Prints the figures and writes
+docs/benchmarks/npu-weights.md with its raw samples (results/npu-weights.json); about
+2 min for builtin:small:
 
     python tools/npu_weights.py
     python tools/npu_weights.py --model builtin:qwen2.5-0.5b --out /tmp/w
@@ -39,6 +42,14 @@ from ovspec.ir.rewrites import RewriteSet
 PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 
 NPUW = {"NPUW_DEVICES": "CPU", "NPUW_F16IC": "NO", "INFERENCE_PRECISION_HINT": "f32"}
+# The decode arms keep NPUW_F16IC's default: with NPUW_F16IC=NO the folded prefill graphs
+# of builtin:small fail unless the embedding is cut out ("ParameterMismatch ... f32 ...
+# f16" or SIGSEGV, docs/npu.md), and --rewrites may leave it in.
+DECODE_NPUW = {k: v for k, v in NPUW.items() if k != "NPUW_F16IC"}
+# decode arm: passed rungs released (the one-ahead loader's default)
+DECODE_ARMS = {"decode, passed rungs released": True, "decode, rungs kept": False}
+PROMPT_TOKENS = 16
+GENERATIONS = 3
 # arm: (blob mode, a weights bank per rung)
 ARMS = {"full": ("full", False), "weightless": ("weightless", False)}
 ARMS["weightless, bank per rung"] = ("weightless", True)
@@ -89,10 +100,37 @@ print(json.dumps({"rss_after_rung_bytes": rss, "peak_rss_bytes": status("VmHWM")
 """
 
 
-def _child(args: list[str]) -> dict[str, Any]:
+# One fresh process decoding as a runtime does: ``ovspec.open`` (one-ahead, blobs through
+# the store) and ``decode`` from a prompt to the top rung's last position, GENERATIONS
+# times on one loader; per generation its peak RSS so far and the imports it made.
+_DECODE_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import ovspec
+from ovspec.runtime.decoding import decode
+from ovspec.runtime.loader import EventKind
+
+root, model, store, properties, ladder, release, rewrites, prompt, generations = sys.argv[1:]
+rewrites = None if rewrites == "default" else rewrites
+top, prompt, out = int(ladder.split(",")[-1]), int(prompt), []
+with ovspec.open(model, ladder, device="NPU", properties=json.loads(properties), store=store,
+                 rewrites=rewrites) as loader:
+    for _ in range(int(generations)):
+        seen = len(loader.events)
+        decode(loader, list(range(1, prompt + 1)), max_new_tokens=top - prompt,
+               release_passed_rungs=release == "1")
+        loaded = [e.seconds for e in loader.events[seen:] if e.kind is EventKind.LOADED]
+        peak = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status")
+                    if l.startswith("VmHWM:"))
+        out.append({"peak_rss_bytes": peak, "load_s": loaded})
+print(json.dumps({"generations": out}))
+"""
+
+
+def _child(args: list[str], script: str = _CHILD) -> dict[str, Any]:
     root = str(Path(__file__).resolve().parents[1])
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, root, *args], check=True, capture_output=True, text=True
+        [sys.executable, "-c", script, root, *args], check=True, capture_output=True, text=True
     ).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
@@ -112,6 +150,25 @@ def _runs(
             imported = _child([*args, "import"])
             runs.append({"arm": arm, "blob_mode": mode, "rungs": rungs, **built, **imported})
     return model_dir.bin_path.stat().st_size, runs
+
+
+def _decodes(
+    model: str, capacities: list[int], rewrites: str, scratch: Path
+) -> list[dict[str, Any]]:
+    """Each decode arm on the ladder and on its top rung alone, each in a fresh process
+    on a store a first (cold) run filled."""
+    model_dir = resolve_model(model, scratch / "models")
+    decodes: list[dict[str, Any]] = []
+    for arm, release in DECODE_ARMS.items():
+        for rungs in (capacities[-1:], capacities):
+            store = scratch / f"decode-{len(rungs)}"
+            args = [str(model_dir.root), str(store), json.dumps(DECODE_NPUW)]
+            args += [",".join(map(str, rungs)), "1" if release else "0", rewrites]
+            if not store.exists():  # a first (cold) run fills the store
+                _child([*args, str(PROMPT_TOKENS), "1"], _DECODE_CHILD)
+            ran = _child([*args, str(PROMPT_TOKENS), str(GENERATIONS)], _DECODE_CHILD)
+            decodes.append({"arm": arm, "rungs": rungs, "release_passed_rungs": release, **ran})
+    return decodes
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -137,6 +194,12 @@ def main(model: str, ladder: str, rewrites: str, out: Path) -> None:
         raise click.BadParameter(
             f"takes comma-separated integers (got {ladder!r})", param_hint="--ladder"
         ) from None
+    if capacities != sorted(set(capacities)) or capacities[-1] <= PROMPT_TOKENS:
+        raise click.BadParameter(
+            f"takes ascending rungs, the top one above the decode arms' {PROMPT_TOKENS}-token "
+            f"prompt (got {ladder!r})",
+            param_hint="--ladder",
+        )
     if rewrites != "default":
         try:
             RewriteSet.parse(rewrites)
@@ -145,6 +208,7 @@ def main(model: str, ladder: str, rewrites: str, out: Path) -> None:
     load_start = load_average()
     with tempfile.TemporaryDirectory(prefix="npu-weights-") as scratch:
         bin_bytes, runs = _runs(model, capacities, rewrites, Path(scratch))
+        decodes = _decodes(model, capacities, rewrites, Path(scratch))
     mib = 1 << 20
     print(f"{model}: .bin {bin_bytes / mib:.1f} MiB; decode rungs, NPU with NPUW_DEVICES=CPU")
     print(f"{'arm':<27}{'rungs':>6}{'store MiB':>11}{'peak RSS MiB':>14}{'per rung MiB':>14}")
@@ -158,6 +222,13 @@ def main(model: str, ladder: str, rewrites: str, out: Path) -> None:
         one, many = (r for r in runs if r["arm"] == arm)
         ratio = many["peak_rss_bytes"] / one["peak_rss_bytes"]
         print(f"{arm}: {len(capacities)} rungs' peak RSS / one rung's = {ratio:.2f}")
+    for arm in DECODE_ARMS:
+        one, many = (d for d in decodes if d["arm"] == arm)
+        peaks = [
+            f"{g['peak_rss_bytes'] / mib:.0f}/{h['peak_rss_bytes'] / mib:.0f}"
+            for g, h in zip(many["generations"], one["generations"], strict=True)
+        ]
+        print(f"{arm}: peak RSS MiB by generation, ladder/top rung alone: {' '.join(peaks)}")
     record = {
         "format": RESULTS_FORMAT,
         "command": shlex.join(["python", "tools/npu_weights.py", *sys.argv[1:]]),
@@ -167,6 +238,9 @@ def main(model: str, ladder: str, rewrites: str, out: Path) -> None:
         "bin_bytes": bin_bytes,
         "properties": NPUW,
         "runs": runs,
+        "decode_properties": DECODE_NPUW,
+        "prompt_tokens": PROMPT_TOKENS,
+        "decodes": decodes,
         "environment": dataclasses.asdict(environment(load_start)),
     }
     write_page(out, PAGE, record)

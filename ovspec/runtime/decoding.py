@@ -130,7 +130,9 @@ def passed_rungs_released(policy: Policy, asked: bool | None) -> bool:
     memory already holds them all, and the next sequence needs the small rungs again.
     Dropping one is not free either: the compiled model's destructor frees its packed
     weights (~1 GB for the 0.5B preset) holding the GIL, which stalls the decode step by
-    about 0.1 s, from a background thread as much as from the decode's own.
+    about 0.1 s, from a background thread as much as from the decode's own. A lazy
+    loader releases: on the NPU path (weights in one bank) that keeps a 4-rung ladder's
+    peak RSS at its top rung's, against 1.33x with every rung kept (docs/npu.md).
     """
     return policy is not Policy.EAGER if asked is None else asked
 
@@ -222,7 +224,8 @@ def decode(
     ``release_passed_rungs`` the loader drops the graphs of rungs the sequence has left
     (and the prefill graph once the prompt is in): a rung's compiled model holds its
     own copy of the weights. Keep them when the loader serves more sequences. None (the
-    default) lets the policy decide: an eager loader built every rung to have them all
+    default) takes the loader's (``Tuning.release_passed_rungs``), and if that is None
+    lets the policy decide: an eager loader built every rung to have them all
     and keeps them (a release also stalls the decode ~0.1 s on a 0.5B model, under the
     GIL: see ``passed_rungs_released``); lazy policies release.
 
@@ -253,6 +256,8 @@ def decode(
     kv = make_kv(choice.layout, roles, first, ladder.top_tokens, prefault, ladder)
     trace = KVTrace(kv, origin, measure_physical)
     chunk = loader.prefill_chunk_tokens or DEFAULT_PREFILL_CHUNK_TOKENS
+    if release_passed_rungs is None:
+        release_passed_rungs = loader.release_passed_rungs
     release = passed_rungs_released(loader.policy, release_passed_rungs)
     session = DecodeSession(
         roles, ladder, kv, loader, chunk, origin_s=origin, release_passed=release

@@ -89,6 +89,7 @@ class Loader:
         pin_threads: Callable[[], None] | None = None,
         on_steady: Callable[[], None] | None = None,
         halve_prompt_graph: bool = False,
+        release_passed_rungs: bool | None = None,
     ) -> None:
         self._compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
@@ -119,6 +120,8 @@ class Loader:
         # A lazy start compiles the graph its prompt waits for as two halves on two cores
         # (``Compiler.load(halves=True)``) when nothing else loads meanwhile.
         self.halve_prompt_graph = halve_prompt_graph
+        # Whether a sequence drops the rungs it has left unless told (None: the policy's).
+        self.release_passed_rungs = release_passed_rungs
         # KV positions the current request can fill (prompt + fed-back tokens); no rung
         # beyond the one holding them is started. None: any rung may be reached.
         self.reachable_tokens: int | None = None
@@ -262,12 +265,9 @@ class Loader:
             self._pending[spec] = self._worker.submit(self._load, spec, foreground)
 
     def release(self, spec: Specialization | int) -> None:
-        """Drop a loaded graph nobody needs any more (a rung a sequence has left).
-
-        A compiled model holds its own copy of the weights (about the ``.bin`` size on
-        CPU), so a ladder that kept every rung would hold the weights once per rung.
-        A later ``get`` imports it again from the store.
-        """
+        """Drop a loaded graph nobody needs any more (a rung a sequence has left): on CPU
+        it holds its own copy of the weights, on the NPU path what a rung holds beyond the
+        weights bank (docs/npu.md). A later ``get`` imports it again from the store."""
         spec = _as_spec(spec)
         with self._lock:
             if self._programs.pop(spec, None) is not None:

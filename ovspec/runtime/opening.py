@@ -171,6 +171,7 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
             # mapping then, and dropping its pages meanwhile slows the first prefill.
             on_steady=trimmer.start if trimmer is not None else None,
             halve_prompt_graph=decided.halve_prompt_graph,
+            release_passed_rungs=tuning.release_passed_rungs,
         )
         owned.push(stack.pop_all())  # the loader closes them from now on
     return loader

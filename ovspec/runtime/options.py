@@ -91,6 +91,8 @@ class Tuning:
     ``origin_s``: the ``perf_counter`` value event times count from (default: open).
     ``window_plan``: per-rung predictions that let one-ahead start a successor early.
     ``auto_costs``: what the ``auto`` policy plans from (``autopolicy.AutoCosts``).
+    ``release_passed_rungs``: the loader's default for ``decode``'s (None: the policy
+    decides, ``decoding.passed_rungs_released``).
     """
 
     split: CoreSplit | bool | None = None
@@ -99,6 +101,7 @@ class Tuning:
     origin_s: float | None = None
     window_plan: WindowPlan | None = None
     auto_costs: AutoCosts | None = None
+    release_passed_rungs: bool | None = None
 
     def __post_init__(self) -> None:
         if self.split is True:

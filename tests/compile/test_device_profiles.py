@@ -61,13 +61,19 @@ def test_the_cpu_profile_compiles_from_the_ir_with_every_rewrite_but_the_npu_one
 
 @pytest.mark.parametrize(
     ("device", "extra"),
-    [("NPU", {GraphRewrite.RESULT_GUARD, GraphRewrite.SHARED_HEAD}), ("GPU", set())],
+    [
+        (
+            "NPU",
+            {GraphRewrite.RESULT_GUARD, GraphRewrite.SHARED_HEAD, GraphRewrite.SHARED_EMBEDDING},
+        ),
+        ("GPU", set()),
+    ],
 )
 def test_other_devices_take_blobs_the_portable_rewrites_and_nothing_measured(
     device: str, extra: set[GraphRewrite]
 ) -> None:
     """NPU adds the guard its NPUW partitioner needs (tests/compile/test_npuw.py) and
-    one LM head for every graph (tests/compile/test_shared_head.py)."""
+    one LM head and embedding for every graph (tests/compile/test_shared_head.py)."""
     profile = profile_for(device)
     assert profile.default_load_mode is LoadMode.IMPORT
     assert profile.default_rewrites.rewrites == PORTABLE.rewrites | extra

@@ -45,14 +45,15 @@ def test_its_properties_are_completed_and_a_contradiction_refused() -> None:
     assert npuw.loader_properties(NPUW) == {**NPUW, USE_NPUW: "YES"}
     with pytest.raises(DeviceError, match="NPU_USE_NPUW=NO turns off"):
         npuw.required_properties({**NPUW, USE_NPUW: "NO"})
-    # The NPU path's defaults: the portable rewrites, the guard NPUW needs and the head
-    # one model for every graph.
+    # The NPU path's defaults: the portable rewrites, the guard NPUW needs and the head and
+    # the embedding one model each for every graph.
     assert npuw.default_load_mode is LoadMode.IMPORT
     assert npuw.default_rewrites.rewrites == {
         GraphRewrite.SPLIT_ATTENTION,
         GraphRewrite.LAST_POSITION,
         GraphRewrite.RESULT_GUARD,
         GraphRewrite.SHARED_HEAD,
+        GraphRewrite.SHARED_EMBEDDING,
     }
     assert npuw.trial_properties(NPUW, frozenset({"NPU_BYPASS_UMD_CACHING"})) == NPUW
 
@@ -113,13 +114,15 @@ def test_its_blobs_are_stored_under_their_own_keys_and_never_served_to_the_cpu(
         events = decode(cpu, prompt, max_new_tokens=2).events
     assert EventKind.STORE_HIT not in {e.kind for e in events}
     with Store(store) as opened:
-        graphs = [e for e in opened.entries() if e.values()["specialization"] != "lm-head"]
-        heads = [e.values()["device"] for e in opened.entries() if e not in graphs]
+        parts = {e.values()["specialization"]: e.values()["device"] for e in opened.entries()}
+        parts = {s: d for s, d in parts.items() if s == "lm-head" or s.startswith("embedding:")}
+        graphs = [e for e in opened.entries() if e.values()["specialization"] not in parts]
         devices = sorted(entry.values()["device"] for entry in graphs)
         identities = [entry.values()["device_architecture"] for entry in opened.entries()]
     assert devices.count("NPU") == devices.count("CPU") > 0
-    assert heads == ["NPU"]  # the NPU path's graphs share one LM head: an entry of its own
-    assert sum(PLUGIN_MODE in a for a in identities) == devices.count("NPU") + 1
+    # The NPU path's graphs share one LM head and one embedding per chunk: entries of their own.
+    assert "lm-head" in parts and len(parts) > 1 and set(parts.values()) == {"NPU"}
+    assert sum(PLUGIN_MODE in a for a in identities) == devices.count("NPU") + len(parts)
 
 
 @pytest.mark.parametrize("policy", [Policy.ONE_AHEAD, Policy.ON_DEMAND])

@@ -18,7 +18,9 @@ from ovspec.compile.devices import profile_for
 from ovspec.compile.devices.npuw import FOLD, WEIGHTS_BANK
 from ovspec.compile.modes import BlobMode
 from ovspec.ir.model_dir import ModelDir, resolve_model
+from ovspec.ir.rewrites import GraphRewrite, RewriteSet
 from ovspec.ir.specialize import Specialization
+from ovspec.runtime.decoding import Tuning, decode, open_rungs
 from ovspec.store.local import Store
 
 # Not the exact properties: those turn folding off (f32 weights would become f16); the
@@ -113,12 +115,14 @@ def test_a_models_blobs_all_name_its_weights_bank(tiny_dir: Path, tmp_path: Path
 
 
 # A fresh process imports rung 64 and then rung 128 (each run once) and prints its RSS
-# after each: the second rung's cost, with the first rung's bank or with a bank of its own.
+# after each: the second rung's cost, with the first rung's bank or with a bank of its own,
+# with the given rewrites ("default": the profile's), through a compiler per rung or one.
 _SECOND_RUNG = """
 import json, sys
 from pathlib import Path
 from ovspec.compile.compiler import Compiler
 from ovspec.ir.model_dir import ModelDir
+from ovspec.ir.rewrites import RewriteSet
 from ovspec.ir.specialize import Specialization
 from ovspec.store.local import Store
 
@@ -127,10 +131,16 @@ def rss_bytes():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
 
-model, store, first, second = ModelDir.open(sys.argv[1]), Store(Path(sys.argv[2])), *sys.argv[3:]
-rss = []
-for capacity, properties in ((64, json.loads(first)), (128, json.loads(second))):
-    program = Compiler(model, "NPU", properties, store).load(Specialization.decode(capacity))
+model, store = ModelDir.open(sys.argv[1]), Store(Path(sys.argv[2]))
+first, second, rewrites, one_compiler = sys.argv[3:]
+rewrites = None if rewrites == "default" else RewriteSet.parse(rewrites)
+rss, compilers = [], {}
+for capacity, properties in ((64, first), (128, second)):
+    # A compiler per rung, or one for both (its rungs share its head and embedding models).
+    key = properties if one_compiler == "1" else capacity
+    if key not in compilers:
+        compilers[key] = Compiler(model, "NPU", json.loads(properties), store, rewrites=rewrites)
+    program = compilers[key].load(Specialization.decode(capacity))
     program.compiled.create_infer_request().infer()
     rss.append(rss_bytes())
     globals().setdefault("kept", []).append(program)
@@ -138,11 +148,17 @@ print(json.dumps(rss))
 """
 
 
-def _second_rung_bytes(model: Path, store: Path, second: dict[str, str]) -> int:
+def _second_rung_bytes(
+    model: Path, store: Path, second: dict[str, str], rewrites: str = "default", one: bool = False
+) -> int:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     args = [sys.executable, "-c", _SECOND_RUNG, str(model), str(store), json.dumps(NPUW)]
     out = subprocess.run(
-        [*args, json.dumps(second)], check=True, capture_output=True, text=True, env=env
+        [*args, json.dumps(second), rewrites, "1" if one else "0"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
     ).stdout
     first_rss, second_rss = json.loads(out.strip().splitlines()[-1])
     return int(second_rss - first_rss)
@@ -167,3 +183,53 @@ def test_a_second_rung_reuses_the_first_rungs_weights_from_the_bank(
     shared = _second_rung_bytes(small_dir, tmp_path / "store", NPUW)
     own = _second_rung_bytes(small_dir, tmp_path / "store", own_bank)
     assert own - shared > 0.5 * model.bin_path.stat().st_size, (own, shared)
+
+
+@pytest.mark.parametrize("release", [None, False])
+def test_a_decode_through_the_ladder_holds_its_rung_and_the_next_only(
+    tiny_dir: Path, tmp_path: Path, release: bool | None
+) -> None:
+    """What keeps a decode's peak at one rung's here (docs/npu.md): the one-ahead loader
+    (its default, None) drops a rung the sequence has left while the next one loads, so
+    at most two decode rungs are ever held; kept (False), the ladder piles up."""
+    ladder = (32, 64, 128)
+    properties = {k: v for k, v in NPUW.items() if k != "NPUW_F16IC"}
+    tuning = Tuning(release_passed_rungs=release)
+    held: list[int] = []
+    with open_rungs(
+        tiny_dir, "32,64,128", device="NPU", properties=properties, store=tmp_path, tuning=tuning
+    ) as loader:
+
+        def count(_: int) -> None:
+            held.append(sum(loader.program(Specialization.decode(c)) is not None for c in ladder))
+
+        result = decode(loader, list(range(1, 9)), max_new_tokens=120, on_token=count)
+    assert result.rungs == ladder
+    assert max(held) == (2 if release is None else len(ladder)), held
+
+
+def test_a_further_rung_holds_no_f32_copy_of_the_embedding_table(
+    small_dir: Path, tmp_path: Path
+) -> None:
+    """With the NPU profile's default rewrites (the embedding a model of its own) a second
+    rung costs at least half an f32 copy of the table less than with the head alone cut,
+    whose rungs' CPU subgraphs each convert the f16 table whole (docs/npu.md: 8 MiB of
+    builtin:small; measured ~12 MiB less per rung)."""
+    model = ModelDir.open(small_dir)
+    head_only = RewriteSet(
+        profile_for("NPU", NPUW).default_rewrites.rewrites - {GraphRewrite.SHARED_EMBEDDING}
+    )
+    assert head_only != profile_for("NPU", NPUW).default_rewrites
+    costs = {}
+    for name, rewrites in (("default", None), ("head", head_only)):
+        compiler = Compiler(model, "NPU", NPUW, Store(tmp_path / name), rewrites=rewrites)
+        try:
+            for capacity in (64, 128):
+                compiler.build(Specialization.decode(capacity))
+        finally:
+            compiler.close()
+        text = "default" if rewrites is None else rewrites.canonical
+        costs[name] = _second_rung_bytes(small_dir, tmp_path / name, NPUW, text, one=True)
+    config = json.loads((small_dir / "config.json").read_text(encoding="utf-8"))
+    table_f32_bytes = config["vocab_size"] * config["hidden_size"] * 4
+    assert costs["head"] - costs["default"] > 0.5 * table_f32_bytes, (costs, table_f32_bytes)

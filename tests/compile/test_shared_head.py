@@ -74,7 +74,7 @@ def test_the_cut_decodes_the_uncut_models_tokens_and_logits(
     assert headed.logits.keys() == uncut.logits.keys() and uncut.logits
     worst = max(float(np.abs(headed.logits[s] - uncut.logits[s]).max()) for s in uncut.logits)
     # The same nodes on the same rows: exact, but NPUW's graphs without their embedding
-    # lookup round differently (~5e-6, docs/npu.md; not a default there).
+    # lookup round differently (~5e-6, docs/npu.md).
     assert worst == 0.0 or (device == "NPU" and cuts == CUTS and worst < 2e-5)
 
 

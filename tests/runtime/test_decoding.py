@@ -201,6 +201,27 @@ def test_the_prompt_runs_while_the_first_decode_graph_loads(qwen2_dir: Path, sto
     assert prefill_loaded <= result.ready_s <= result.first_token_s
 
 
+@pytest.mark.parametrize(("policy", "option"), [("eager", True), ("one_ahead", False)])
+def test_the_loader_option_decides_over_the_policy_and_decode_over_it(
+    qwen2_dir: Path, store: Store, policy: str, option: bool
+) -> None:
+    """``Tuning.release_passed_rungs`` turns the policy's default around; a ``decode``
+    that says otherwise wins."""
+    tuning = Tuning(release_passed_rungs=option)
+    with _cpu_ladder(qwen2_dir, store, policy=policy, tuning=tuning) as loader:
+        assert loader.release_passed_rungs is option
+        result = decode(loader, list(range(5, 21)), max_new_tokens=40)
+        assert result.rungs == (32, 64)
+        released = [e.spec for e in result.events if e.kind is EventKind.RELEASED]
+        assert ("decode@32" in released) is option
+        assert (loader.program(Specialization.decode(32)) is None) is option
+        told = decode(
+            loader, list(range(5, 21)), max_new_tokens=40, release_passed_rungs=not option
+        )
+        since = [e.spec for e in told.events[len(result.events) :] if e.kind is EventKind.RELEASED]
+        assert ("decode@32" in since) is not option
+
+
 def _cpu_ladder(model_dir: Path, store: Store, **options: Any) -> Loader:
     """A CPU loader of rung graphs over 32,64,128 with 8-token prefill chunks, compiled
     from the IR unless ``options`` (``ovspec.open``'s keywords) say otherwise."""

@@ -1,6 +1,7 @@
 """The NPU path's weights page (docs/benchmarks/npu-weights.md): a ladder's store bytes and
 peak RSS against its top rung alone, per arm (full blobs, weightless with the model's one
-weights bank, weightless with a bank per rung), rendered from what tools/npu_weights.py
+weights bank, weightless with a bank per rung), and a decode through the ladder as the
+runtime runs it (passed rungs released or kept), rendered from what tools/npu_weights.py
 saved."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 PAGE = "npu-weights"
-# History: 1 — first format (2026-12).
-RESULTS_FORMAT = 1
+# History: 1 — first format (2026-12); 2 — the decode arms ("decodes").
+RESULTS_FORMAT = 2
 RSS_TARGET = 1.2  # issue 27: a 4-rung ladder within 1.2x of one rung's peak RSS
 MIB = 1 << 20
 
@@ -88,5 +89,64 @@ def render(results: Mapping[str, Any]) -> str:
         ratio = _ratio(runs, arm)
         verdict = "met" if ratio <= RSS_TARGET else "not met"
         lines.append(f"- `{arm}`: {ratio:.2f}× ({verdict})")
+    lines += _decode_lines(results)
     lines += ["", "What each rung holds beyond the bank's weights: docs/npu.md.", ""]
     return "\n".join(lines)
+
+
+def decode_ratio(decodes: Sequence[Mapping[str, Any]], arm: str, generation: int) -> float:
+    """The ladder's peak RSS over the top rung's alone, up to the end of ``generation``."""
+    one, many = (d for d in decodes if d["arm"] == arm)
+    return float(
+        many["generations"][generation]["peak_rss_bytes"]
+        / one["generations"][generation]["peak_rss_bytes"]
+    )
+
+
+def _loads(generation: Mapping[str, Any]) -> str:
+    loads = generation["load_s"]
+    return f"{len(loads)} in {sum(loads):.2f} s" if loads else "none"
+
+
+def _decode_lines(results: Mapping[str, Any]) -> list[str]:
+    """The decode arms' table and verdicts; nothing for results from before them."""
+    decodes = results.get("decodes")
+    if not decodes:
+        return []
+    properties = ", ".join(f"`{k}={v}`" for k, v in sorted(results["decode_properties"].items()))
+    generations = len(decodes[0]["generations"])
+    lines = [
+        "",
+        "## Decoding through the ladder",
+        "",
+        "Each row is a fresh process that opens the model as a runtime does (`ovspec.open`, "
+        "one-ahead, blobs imported from a store another run filled) and decodes from a "
+        f"{results['prompt_tokens']}-token prompt to the top rung's last position, "
+        f"{generations} generations on one loader ({properties}); the baseline is the same "
+        "decode on the top rung alone. Arms: `decode, passed rungs released`, the loader "
+        "drops a rung the sequence has left while its successor loads (the default of the "
+        "lazy policies); `decode, rungs kept`, it keeps every rung it loaded. Peak RSS is "
+        "the process's VmHWM at the end of each generation (so it never falls); loads are "
+        "the loader's imports in that generation (a later generation imports again what "
+        "the earlier one released).",
+        "",
+        "| arm | rungs | peak RSS by generation (MiB) | loads by generation |",
+        "|---|---|---|---|",
+    ]
+    for run in decodes:
+        peaks = ", ".join(f"{g['peak_rss_bytes'] / MIB:.0f}" for g in run["generations"])
+        loads = "; ".join(_loads(g) for g in run["generations"])
+        lines.append(f"| {run['arm']} | {len(run['rungs'])} | {peaks} | {loads} |")
+    lines += [
+        "",
+        f"Peak RSS of the ladder's decode over the top rung's (target ≤ {RSS_TARGET}×):",
+        "",
+    ]
+    for arm in dict.fromkeys(d["arm"] for d in decodes):
+        first, last = decode_ratio(decodes, arm, 0), decode_ratio(decodes, arm, generations - 1)
+        verdict = "met" if last <= RSS_TARGET else "not met"
+        lines.append(
+            f"- `{arm}`: {first:.2f}× after the first generation, {last:.2f}× after "
+            f"{generations} ({verdict})"
+        )
+    return lines

@@ -26,13 +26,15 @@ class NpuProfile(DeviceProfile):
     """The NPU plugin on NPU silicon, or compiling offline for a named platform."""
 
     # NPUW (how LLMs run on the NPU plugin) miscomputes a Result whose tensor also feeds
-    # a later partition: each such Result gets its own identity. The LM head is a model
-    # of its own shared by every graph (genai's NPUW_LLM_SHARED_HEAD): a ladder holds it
-    # once, and the logits are the uncut graphs' bit for bit. The shared embedding is not
-    # a default: on NPUW its graphs' logits differ from the uncut ones' by ~5e-6
-    # (docs/npu.md).
+    # a later partition: each such Result gets its own identity. The LM head and the
+    # embedding are models of their own shared by every graph (genai's
+    # NPUW_LLM_SHARED_HEAD does the head): a ladder holds each once. Without the shared
+    # embedding each rung's CPU subgraphs held an f32 copy of the table (~500 MiB per rung
+    # of the 0.5B preset); with it NPUW's logits differ from the uncut graphs' by ~5e-6,
+    # tokens equal (docs/npu.md).
     default_rewrites: ClassVar[RewriteSet] = RewriteSet(
-        PORTABLE_REWRITES.rewrites | {GraphRewrite.RESULT_GUARD, GraphRewrite.SHARED_HEAD}
+        PORTABLE_REWRITES.rewrites
+        | {GraphRewrite.RESULT_GUARD, GraphRewrite.SHARED_HEAD, GraphRewrite.SHARED_EMBEDDING}
     )
 
     @classmethod
