@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -123,33 +123,80 @@ def pin_process(cores: Iterable[int]) -> tuple[int, ...]:
     return before
 
 
-def pin_split(split: CoreSplit, decode_tid: int) -> None:
-    """The decode thread on the device cores, every other thread of this process on
-    the host cores (with one device core; with several, the whole process stays on the
-    device cores, see ``CoreSplit.decode_thread_only``).
+class SplitPins:
+    """Where the decode process's threads run under the split, kept as loads make more.
 
-    OpenVINO's CPU plugin builds an imported model's graph (weight unpacking and
-    repacking) on its own pool threads, which the process made before any load: pinned
-    with the process to the device core, a successor's import ran there, beside the
-    decode. With one device core inference runs on the thread that calls ``infer``
-    (``INFERENCE_NUM_THREADS`` = 1), so everything else can move to the host. Called
-    again around every load: threads OpenVINO creates later inherit their creator's
-    cores, which may be the decode thread's. OpenVINO should have started before this
-    with the whole mask: a thread entering its pool gets the mask it started with.
-    A thread already on exactly the device cores stays there: only the decode thread
-    made it (every other is moved at the first call), for its inference (NPUW's CPU
-    subdevices run each subgraph on a thread made at its first inference; moved to the
-    host, a rung's decode ran beside the successor's import there).
+    With one device core (``CoreSplit.decode_thread_only``): the decode thread and the
+    threads a graph's load made (OpenVINO's executors of that graph: NPUW runs each
+    subgraph's inference on them, and its completion callbacks) on the device core;
+    the process's Python threads (the loader's worker: imports, warm-ups; the host
+    builder's queue) and OpenVINO's pool threads on the host cores; any other thread
+    already on exactly the device core stays (made by the decode thread for its
+    inference). With several device cores the whole process is on them.
+
+    ``begin()`` pins once the loader's foreground is over (before, every core may load);
+    ``loading()`` wraps each load and pins again after it: OpenVINO pins a thread that
+    enters a graph's stream to that stream's cores (the loader's worker warming a graph
+    up was left on the device core, and imported the next successors there), and a
+    graph's executors are made with their creator's cores (the worker's, the host's).
+    OpenVINO should have started with the whole mask: a thread entering its pool gets
+    the mask it started with.
     """
-    if not split.decode_thread_only:
-        pin_process(split.device)
-        return
-    device = set(split.device)
-    for tid in _task_ids():
-        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-            if tid != decode_tid and set(os.sched_getaffinity(tid)) == device:
-                continue  # made by the decode thread since the split began: see above
-            os.sched_setaffinity(tid, split.device if tid == decode_tid else split.host)
+
+    def __init__(self, split: CoreSplit, decode_tid: int) -> None:
+        self.split = split
+        self.decode_tid = decode_tid
+        self._lock = threading.Lock()
+        self._begun = False
+        self._inference: set[int] = set()  # threads loads made, minus Python's
+
+    def begin(self) -> None:
+        """The split begins (once; later calls do nothing)."""
+        with self._lock:
+            if self._begun:
+                return
+            self._begun = True
+        self.pin()
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        """Around one load (import and warm-up): the threads it made serve its graph."""
+        before = set(_task_ids())
+        self.pin()
+        try:
+            yield
+        finally:
+            made = set(_task_ids()) - before - _python_thread_ids()
+            with self._lock:
+                self._inference |= made
+            self.pin()
+
+    def inference_threads(self) -> frozenset[int]:
+        """The threads loads made that are alive still (the device's, once begun)."""
+        with self._lock:
+            return frozenset(self._inference & set(_task_ids()))
+
+    def pin(self) -> None:
+        """Every thread where the split wants it now (nothing before ``begin``)."""
+        with self._lock:
+            if not self._begun:
+                return
+            inference = set(self._inference)
+        if not self.split.decode_thread_only:
+            pin_process(self.split.device)
+            return
+        device = set(self.split.device)
+        python = _python_thread_ids()
+        for tid in _task_ids():
+            with contextlib.suppress(ProcessLookupError, OSError):  # a thread that ended
+                if tid == self.decode_tid or tid in inference:
+                    os.sched_setaffinity(tid, device)
+                elif tid in python or set(os.sched_getaffinity(tid)) != device:
+                    os.sched_setaffinity(tid, self.split.host)
+
+
+def _python_thread_ids() -> set[int]:
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
 
 
 def _task_ids() -> list[int]:

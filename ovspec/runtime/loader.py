@@ -10,6 +10,7 @@ each switch, earlier when a deadline plan says so), ``on_demand`` (the stall bas
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from ovspec.compile.compiler import Compiler
 from ovspec.compile.halves import CompiledGraph, HalvedCompiledModel
 from ovspec.compile.modes import LoadMode
 from ovspec.compile.programs import Program
+from ovspec.compile.split import SplitPins
 from ovspec.errors import CompileError, OvspecError
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.roles import ModelRoles
@@ -86,7 +88,7 @@ class Loader:
         warm_up: bool = True,
         kv_layout: KVLayout | None = None,
         worker_cores: tuple[int, ...] | None = None,
-        pin_threads: Callable[[], None] | None = None,
+        pins: SplitPins | None = None,
         on_steady: Callable[[], None] | None = None,
         halve_prompt_graph: bool = False,
     ) -> None:
@@ -105,11 +107,10 @@ class Loader:
         self._pending: dict[Specialization, Future[Program]] = {}
         self._events: list[LoaderEvent] = []
         # The device/host split: the worker runs on the host cores; once the foreground
-        # is over (it may use every core) ``pin_threads`` puts the decode thread on the
-        # device cores and every other thread on the host cores, again around each load.
+        # is over (it may use every core) ``pins`` puts the decode thread and the graphs'
+        # inference threads on the device cores, the rest on the host, around each load.
         self.worker_cores = worker_cores
-        self._pin_threads = pin_threads
-        self._split_begun = False
+        self._pins = pins
         self._worker = Worker(worker_cores)
         self._closed = False
         self._on_close = list(on_close)
@@ -391,9 +392,8 @@ class Loader:
     # -- internals ----------------------------------------------------------------
 
     def _begin_split(self) -> None:
-        if self._pin_threads is not None and not self._split_begun:
-            self._split_begun = True
-            self._pin_threads()
+        if self._pins is not None:
+            self._pins.begin()
 
     def _prefill(self, capacity_tokens: int) -> Specialization:
         chunk = self.prefill_chunk_tokens or 1
@@ -401,8 +401,20 @@ class Loader:
 
     def _load(self, spec: Specialization, foreground: bool, halves: bool = False) -> Program:
         self._record(EventKind.LOAD_START, spec, foreground)
-        if self._split_begun and self._pin_threads is not None:
-            self._pin_threads()
+        with self._pins.loading() if self._pins is not None else contextlib.nullcontext():
+            program, warm_s = self._load_and_warm(spec, foreground, halves)
+        note = f"import {program.import_s:.3f} s, warm-up {warm_s:.3f} s"
+        self._record(
+            EventKind.LOADED, spec, foreground, seconds=program.import_s + warm_s, note=note
+        )
+        with self._lock:
+            self._programs[spec] = program
+            self._pending.pop(spec, None)
+        return program
+
+    def _load_and_warm(
+        self, spec: Specialization, foreground: bool, halves: bool
+    ) -> tuple[Program, float]:
         try:
             program = self._compiler.load(spec, halves=halves)
         except Exception as exc:
@@ -437,19 +449,7 @@ class Loader:
         if self.warm_up and spec.phase is Phase.DECODE and not program.reused:
             warm_s = warm_up(program.compiled)
             self._warmed = True
-        if self._split_begun and self._pin_threads is not None:
-            self._pin_threads()  # threads the load made on the decode thread's cores
-        self._record(
-            EventKind.LOADED,
-            spec,
-            foreground,
-            seconds=program.import_s + warm_s,
-            note=f"import {program.import_s:.3f} s, warm-up {warm_s:.3f} s",
-        )
-        with self._lock:
-            self._programs[spec] = program
-            self._pending.pop(spec, None)
-        return program
+        return program, warm_s
 
     def _after_get(self, spec: Specialization) -> None:
         if self.policy is not Policy.ONE_AHEAD or spec.phase is not Phase.DECODE:
