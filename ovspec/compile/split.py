@@ -232,10 +232,12 @@ class HostBuilder:
     """A spawned process pinned to the host cores that builds blobs into the store: the
     ``BuildDelegate`` of a ``Compiler`` under the split.
 
-    Made before the compiler (which takes it at construction), started by ``start()``
-    or its first request, so a device the compiler refuses spawns nothing. ``build`` is
-    thread-safe and serial (one host compile at a time, as one host compile keeps a
-    core busy). ``close()`` stops the process.
+    Made before the compiler (which takes it at construction). ``spawn()`` starts the
+    process without waiting for it (its Python and OpenVINO start while this process
+    opens the device); ``start()`` or the first request waits until it is ready. The
+    host builds one request at a time, in the order asked (one host compile keeps a
+    core busy): ``request`` queues a build without waiting, ``build`` waits for it
+    (queuing it if nobody did); both are thread-safe. ``close()`` stops the process.
     """
 
     def __init__(
@@ -263,20 +265,29 @@ class HostBuilder:
             tuple(host_cores),
         )
         self.cores = self._config.host_cores
-        self.pid: int | None = None  # the host process, once started
+        self.pid: int | None = None  # the host process, once ready
         self.affinity: tuple[int, ...] = ()
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._process: Any = None
         self._requests: Any = None
         self._replies: Any = None
+        self._asked: set[str] = set()  # queued on the host, its answer not taken yet
+        self._answers: dict[str, dict[str, Any]] = {}  # read, for the thread that asked
+        self._reading = False  # a thread is reading the host's next answer
+
+    def spawn(self) -> HostBuilder:
+        """Start the host process without waiting for it (once)."""
+        with self._cond:
+            self._spawn_locked()
+        return self
 
     def start(self) -> HostBuilder:
-        """Spawn the host process and wait until it is ready (once)."""
-        with self._lock:
+        """Start the host process if nobody did and wait until it is ready (once)."""
+        with self._cond:
             self._start_locked()
         return self
 
-    def _start_locked(self) -> None:
+    def _spawn_locked(self) -> None:
         if self._process is not None:
             return
         # Spawn, not fork: this process has OpenVINO (and its thread pools) loaded.
@@ -291,26 +302,66 @@ class HostBuilder:
         )
         process.start()  # on failure nothing is kept: close() must not join an unstarted one
         self._process = process
-        ready = self._reply(_START_TIMEOUT_S, "start")
-        self.pid = int(ready["pid"])
-        self.affinity = tuple(ready["affinity"])
+
+    def _start_locked(self) -> None:
+        self._spawn_locked()
+        if self.pid is None:
+            ready = self._reply(_START_TIMEOUT_S, "start")
+            if "error" in ready:
+                raise CompileError(f"host build: {ready['error']}")
+            self.pid = int(ready["pid"])
+            self.affinity = tuple(ready["affinity"])
+
+    def request(self, spec: Specialization) -> None:
+        with self._cond:
+            self._ask_locked(
+                spec.label, ("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens)
+            )
 
     def build(self, spec: Specialization) -> DelegatedBuild:
-        with self._lock:
-            self._start_locked()
-            self._requests.put(("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens))
-            reply = self._reply(None, "build")
+        with self._cond:
+            self._ask_locked(
+                spec.label, ("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens)
+            )
+            reply = self._answer_locked(spec.label, "build")
         return DelegatedBuild(**{**reply["build"], "affinity": tuple(reply["build"]["affinity"])})
 
     def roles(self) -> ModelRoles:
         """The model's roles, prepared on the host (the decode process never reads the IR)."""
         from ovspec.ir.roles import ModelRoles
 
-        with self._lock:
-            self._start_locked()
-            self._requests.put(("roles",))
-            reply = self._reply(None, "roles")
+        with self._cond:
+            self._ask_locked(_ROLES, (_ROLES,))
+            reply = self._answer_locked(_ROLES, "roles")
         return ModelRoles.from_json(reply["roles"])
+
+    def _ask_locked(self, label: str, message: tuple[Any, ...]) -> None:
+        self._start_locked()
+        if label not in self._asked:
+            self._asked.add(label)
+            self._requests.put(message)
+
+    def _answer_locked(self, label: str, what: str) -> dict[str, Any]:
+        """The host's answer to ``label``; answers come in the order asked, so a thread
+        may read others' first (one thread reads at a time, the rest wait)."""
+        while label not in self._answers:
+            if self._reading:
+                self._cond.wait()
+                continue
+            self._reading = True
+            self._cond.release()
+            try:
+                reply = self._reply(None, what)
+            finally:
+                self._cond.acquire()
+                self._reading = False
+                self._cond.notify_all()
+            self._answers[reply["label"]] = reply
+        self._asked.discard(label)
+        reply = self._answers.pop(label)
+        if "error" in reply:
+            raise CompileError(f"host build: {reply['error']}")
+        return reply
 
     def _reply(self, timeout_s: float | None, what: str) -> dict[str, Any]:
         began = time.monotonic()
@@ -327,8 +378,6 @@ class HostBuilder:
                         f"the host build process did not {what} in {timeout_s} s"
                     ) from None
                 continue
-            if "error" in reply:
-                raise CompileError(f"host build: {reply['error']}")
             return reply
 
     def close(self) -> None:
@@ -342,6 +391,9 @@ class HostBuilder:
             self._process.join()
         self._requests.close()
         self._replies.close()
+
+
+_ROLES = "roles"  # the label of the roles request and its answer
 
 
 def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
@@ -371,12 +423,14 @@ def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
         return
     replies.put({"pid": os.getpid(), "affinity": sorted(os.sched_getaffinity(0))})
     while (request := requests.get()) is not None:
+        label = _ROLES
         try:
-            if request[0] == "roles":
-                replies.put({"roles": compiler.roles().to_json()})
+            if request[0] == _ROLES:
+                replies.put({"label": label, "roles": compiler.roles().to_json()})
                 continue
             _, phase, capacity, chunk = request
             spec = Specialization(Phase(phase), capacity, chunk)
+            label = spec.label
             began = time.perf_counter()
             outcome = compiler.build(spec)
             build = {
@@ -389,8 +443,8 @@ def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
                 "pid": os.getpid(),
                 "affinity": sorted(os.sched_getaffinity(0)),
             }
-            replies.put({"build": build})
+            replies.put({"label": label, "build": build})
         except Exception as exc:
-            replies.put({"error": str(exc)})
+            replies.put({"label": label, "error": str(exc)})
     compiler.close()
     store.close()

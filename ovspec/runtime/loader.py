@@ -106,9 +106,8 @@ class Loader:
         self._programs: dict[Specialization, Program] = {}
         self._pending: dict[Specialization, Future[Program]] = {}
         self._events: list[LoaderEvent] = []
-        # The device/host split: the worker runs on the host cores; once the foreground
-        # is over (it may use every core) ``pins`` puts the decode thread and the graphs'
-        # inference threads on the device cores, the rest on the host, around each load.
+        # The split: the worker on the host cores; once the foreground is over (it may use
+        # every core) ``pins`` moves threads to their cores, again around each load.
         self.worker_cores = worker_cores
         self._pins = pins
         self._worker = Worker(worker_cores)
@@ -185,6 +184,7 @@ class Loader:
         # The decode is taken at once (no compile, no warm-up): it keeps the graph alive
         # when the session releases the prefill after the prompt.
         if not shared:
+            self._compiler.build_ahead(prefill)  # the prompt's graph first
             self._submit(decode, foreground=True)
             self._obtain(prefill, record_wait=False)
             return
@@ -400,21 +400,11 @@ class Loader:
         return Specialization.prefill(capacity_tokens, min(chunk, capacity_tokens))
 
     def _load(self, spec: Specialization, foreground: bool, halves: bool = False) -> Program:
-        self._record(EventKind.LOAD_START, spec, foreground)
         with self._pins.loading() if self._pins is not None else contextlib.nullcontext():
-            program, warm_s = self._load_and_warm(spec, foreground, halves)
-        note = f"import {program.import_s:.3f} s, warm-up {warm_s:.3f} s"
-        self._record(
-            EventKind.LOADED, spec, foreground, seconds=program.import_s + warm_s, note=note
-        )
-        with self._lock:
-            self._programs[spec] = program
-            self._pending.pop(spec, None)
-        return program
+            return self._load_here(spec, foreground, halves)
 
-    def _load_and_warm(
-        self, spec: Specialization, foreground: bool, halves: bool
-    ) -> tuple[Program, float]:
+    def _load_here(self, spec: Specialization, foreground: bool, halves: bool) -> Program:
+        self._record(EventKind.LOAD_START, spec, foreground)
         try:
             program = self._compiler.load(spec, halves=halves)
         except Exception as exc:
@@ -449,7 +439,17 @@ class Loader:
         if self.warm_up and spec.phase is Phase.DECODE and not program.reused:
             warm_s = warm_up(program.compiled)
             self._warmed = True
-        return program, warm_s
+        self._record(
+            EventKind.LOADED,
+            spec,
+            foreground,
+            seconds=program.import_s + warm_s,
+            note=f"import {program.import_s:.3f} s, warm-up {warm_s:.3f} s",
+        )
+        with self._lock:
+            self._programs[spec] = program
+            self._pending.pop(spec, None)
+        return program
 
     def _after_get(self, spec: Specialization) -> None:
         if self.policy is not Policy.ONE_AHEAD or spec.phase is not Phase.DECODE:

@@ -128,8 +128,10 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
         options.ladder.check_fits(model_dir.max_position_embeddings)
         builder = None
         if cores is not None:
-            builder = _host_builder(options, decided, model_dir, store, cores)
-            stack.callback(builder.close)  # started below, or by the roles asked first
+            # Spawned now: its Python and OpenVINO start while this process opens the
+            # device (a device the compiler refuses then stops it at once).
+            builder = _host_builder(options, decided, model_dir, store, cores).spawn()
+            stack.callback(builder.close)
         compiler = Compiler(
             model_dir,
             options.device,

@@ -110,6 +110,21 @@ def test_split_pins_builds_on_the_host_and_decodes_the_same_tokens(tmp_path: Pat
 
 
 @needs_two_cores
+def test_the_host_builds_the_prompts_graph_first(tmp_path: Path) -> None:
+    """One host builds in the order asked: the prompt's graph before the first rung's
+    decode graph, which the worker asks for at the same moment (it used to win the race
+    most times, and the prompt waited for both builds)."""
+    cores = usable_cores()
+    split = CoreSplit((cores[0],), (cores[1],))
+    with runtime.open(
+        MODEL, ladder="32,64", store=tmp_path / "s", tuning=runtime.Tuning(split=split)
+    ) as loader:
+        runtime.decode(loader, PROMPT, max_new_tokens=4)
+        built = [e.spec for e in loader.events if e.kind is EventKind.COMPILED]
+    assert built[:2] == ["prefill@32x32", "decode@32"]
+
+
+@needs_two_cores
 def test_split_pins_put_the_decode_thread_on_the_device_and_the_rest_on_the_host() -> None:
     cores = usable_cores()
     split = CoreSplit((cores[0],), (cores[1],))
