@@ -16,6 +16,7 @@ import openvino as ov
 import pytest
 
 import ovspec.runtime.decoding as runtime
+from ovspec.compile.devices import NpuwProfile
 from ovspec.compile.split import (
     CoreSplit,
     HostBuilder,
@@ -249,7 +250,9 @@ def test_npuw_rungs_infer_on_the_device_cores_whoever_imported_them(tmp_path: Pa
     and the worker, which OpenVINO re-pins when it warms a graph up, is on the host."""
     cores = usable_cores()
     split = CoreSplit((cores[0],), (cores[1],))
-    npuw = {"NPUW_DEVICES": "CPU", "INFERENCE_PRECISION_HINT": "f32"}
+    # test_npuw.py's exact properties: graphs of one weights file share an NPUW weights
+    # bank in a process, which asserts on graphs folded otherwise.
+    npuw = {"NPUW_DEVICES": "CPU", **NpuwProfile.exact_properties}
     with runtime.open(
         MODEL,
         ladder="32,64,128",
