@@ -335,6 +335,12 @@ class Compiler:
         if why is not None:
             raise CompileError(f"blob {name} does not serve {spec.label}: {why}")
 
+    def build_ahead(self, spec: Specialization) -> None:
+        """Have the build delegate start on ``spec`` now, after what it was asked before
+        (the order a serial host builds in); nothing without a delegate."""
+        if self.delegate is not None and self.load_mode is LoadMode.IMPORT:
+            self.delegate.request(spec)
+
     def load(self, spec: Specialization, halves: bool = False) -> Program:
         """IMPORT: build if needed, then import the blob from the bytes the store verified.
         COMPILE: compile the specialization (or reuse its rung's graph) from the IR; with

@@ -33,6 +33,10 @@ class DelegatedBuild:
 class BuildDelegate(Protocol):
     """Builds a specialization's blob into the compiler's store, elsewhere."""
 
+    def request(self, spec: Specialization) -> None:
+        """Queue the build of ``spec`` without waiting (builds run in the order asked)."""
+        ...
+
     def build(self, spec: Specialization) -> DelegatedBuild:
         """Block until the blob of ``spec`` is published (or found) in the store."""
         ...

@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -123,33 +123,80 @@ def pin_process(cores: Iterable[int]) -> tuple[int, ...]:
     return before
 
 
-def pin_split(split: CoreSplit, decode_tid: int) -> None:
-    """The decode thread on the device cores, every other thread of this process on
-    the host cores (with one device core; with several, the whole process stays on the
-    device cores, see ``CoreSplit.decode_thread_only``).
+class SplitPins:
+    """Where the decode process's threads run under the split, kept as loads make more.
 
-    OpenVINO's CPU plugin builds an imported model's graph (weight unpacking and
-    repacking) on its own pool threads, which the process made before any load: pinned
-    with the process to the device core, a successor's import ran there, beside the
-    decode. With one device core inference runs on the thread that calls ``infer``
-    (``INFERENCE_NUM_THREADS`` = 1), so everything else can move to the host. Called
-    again around every load: threads OpenVINO creates later inherit their creator's
-    cores, which may be the decode thread's. OpenVINO should have started before this
-    with the whole mask: a thread entering its pool gets the mask it started with.
-    A thread already on exactly the device cores stays there: only the decode thread
-    made it (every other is moved at the first call), for its inference (NPUW's CPU
-    subdevices run each subgraph on a thread made at its first inference; moved to the
-    host, a rung's decode ran beside the successor's import there).
+    With one device core (``CoreSplit.decode_thread_only``): the decode thread and the
+    threads a graph's load made (OpenVINO's executors of that graph: NPUW runs each
+    subgraph's inference on them, and its completion callbacks) on the device core;
+    the process's Python threads (the loader's worker: imports, warm-ups; the host
+    builder's queue) and OpenVINO's pool threads on the host cores; any other thread
+    already on exactly the device core stays (made by the decode thread for its
+    inference). With several device cores the whole process is on them.
+
+    ``begin()`` pins once the loader's foreground is over (before, every core may load);
+    ``loading()`` wraps each load and pins again after it: OpenVINO pins a thread that
+    enters a graph's stream to that stream's cores (the loader's worker warming a graph
+    up was left on the device core, and imported the next successors there), and a
+    graph's executors are made with their creator's cores (the worker's, the host's).
+    OpenVINO should have started with the whole mask: a thread entering its pool gets
+    the mask it started with.
     """
-    if not split.decode_thread_only:
-        pin_process(split.device)
-        return
-    device = set(split.device)
-    for tid in _task_ids():
-        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-            if tid != decode_tid and set(os.sched_getaffinity(tid)) == device:
-                continue  # made by the decode thread since the split began: see above
-            os.sched_setaffinity(tid, split.device if tid == decode_tid else split.host)
+
+    def __init__(self, split: CoreSplit, decode_tid: int) -> None:
+        self.split = split
+        self.decode_tid = decode_tid
+        self._lock = threading.Lock()
+        self._begun = False
+        self._inference: set[int] = set()  # threads loads made, minus Python's
+
+    def begin(self) -> None:
+        """The split begins (once; later calls do nothing)."""
+        with self._lock:
+            if self._begun:
+                return
+            self._begun = True
+        self.pin()
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        """Around one load (import and warm-up): the threads it made serve its graph."""
+        before = set(_task_ids())
+        self.pin()
+        try:
+            yield
+        finally:
+            made = set(_task_ids()) - before - _python_thread_ids()
+            with self._lock:
+                self._inference |= made
+            self.pin()
+
+    def inference_threads(self) -> frozenset[int]:
+        """The threads loads made that are alive still (the device's, once begun)."""
+        with self._lock:
+            return frozenset(self._inference & set(_task_ids()))
+
+    def pin(self) -> None:
+        """Every thread where the split wants it now (nothing before ``begin``)."""
+        with self._lock:
+            if not self._begun:
+                return
+            inference = set(self._inference)
+        if not self.split.decode_thread_only:
+            pin_process(self.split.device)
+            return
+        device = set(self.split.device)
+        python = _python_thread_ids()
+        for tid in _task_ids():
+            with contextlib.suppress(ProcessLookupError, OSError):  # a thread that ended
+                if tid == self.decode_tid or tid in inference:
+                    os.sched_setaffinity(tid, device)
+                elif tid in python or set(os.sched_getaffinity(tid)) != device:
+                    os.sched_setaffinity(tid, self.split.host)
+
+
+def _python_thread_ids() -> set[int]:
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
 
 
 def _task_ids() -> list[int]:
@@ -185,10 +232,12 @@ class HostBuilder:
     """A spawned process pinned to the host cores that builds blobs into the store: the
     ``BuildDelegate`` of a ``Compiler`` under the split.
 
-    Made before the compiler (which takes it at construction), started by ``start()``
-    or its first request, so a device the compiler refuses spawns nothing. ``build`` is
-    thread-safe and serial (one host compile at a time, as one host compile keeps a
-    core busy). ``close()`` stops the process.
+    Made before the compiler (which takes it at construction). ``spawn()`` starts the
+    process without waiting for it (its Python and OpenVINO start while this process
+    opens the device); ``start()`` or the first request waits until it is ready. The
+    host builds one request at a time, in the order asked (one host compile keeps a
+    core busy): ``request`` queues a build without waiting, ``build`` waits for it
+    (queuing it if nobody did); both are thread-safe. ``close()`` stops the process.
     """
 
     def __init__(
@@ -216,20 +265,29 @@ class HostBuilder:
             tuple(host_cores),
         )
         self.cores = self._config.host_cores
-        self.pid: int | None = None  # the host process, once started
+        self.pid: int | None = None  # the host process, once ready
         self.affinity: tuple[int, ...] = ()
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._process: Any = None
         self._requests: Any = None
         self._replies: Any = None
+        self._asked: set[str] = set()  # queued on the host, its answer not taken yet
+        self._answers: dict[str, dict[str, Any]] = {}  # read, for the thread that asked
+        self._reading = False  # a thread is reading the host's next answer
+
+    def spawn(self) -> HostBuilder:
+        """Start the host process without waiting for it (once)."""
+        with self._cond:
+            self._spawn_locked()
+        return self
 
     def start(self) -> HostBuilder:
-        """Spawn the host process and wait until it is ready (once)."""
-        with self._lock:
+        """Start the host process if nobody did and wait until it is ready (once)."""
+        with self._cond:
             self._start_locked()
         return self
 
-    def _start_locked(self) -> None:
+    def _spawn_locked(self) -> None:
         if self._process is not None:
             return
         # Spawn, not fork: this process has OpenVINO (and its thread pools) loaded.
@@ -244,26 +302,66 @@ class HostBuilder:
         )
         process.start()  # on failure nothing is kept: close() must not join an unstarted one
         self._process = process
-        ready = self._reply(_START_TIMEOUT_S, "start")
-        self.pid = int(ready["pid"])
-        self.affinity = tuple(ready["affinity"])
+
+    def _start_locked(self) -> None:
+        self._spawn_locked()
+        if self.pid is None:
+            ready = self._reply(_START_TIMEOUT_S, "start")
+            if "error" in ready:
+                raise CompileError(f"host build: {ready['error']}")
+            self.pid = int(ready["pid"])
+            self.affinity = tuple(ready["affinity"])
+
+    def request(self, spec: Specialization) -> None:
+        with self._cond:
+            self._ask_locked(
+                spec.label, ("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens)
+            )
 
     def build(self, spec: Specialization) -> DelegatedBuild:
-        with self._lock:
-            self._start_locked()
-            self._requests.put(("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens))
-            reply = self._reply(None, "build")
+        with self._cond:
+            self._ask_locked(
+                spec.label, ("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens)
+            )
+            reply = self._answer_locked(spec.label, "build")
         return DelegatedBuild(**{**reply["build"], "affinity": tuple(reply["build"]["affinity"])})
 
     def roles(self) -> ModelRoles:
         """The model's roles, prepared on the host (the decode process never reads the IR)."""
         from ovspec.ir.roles import ModelRoles
 
-        with self._lock:
-            self._start_locked()
-            self._requests.put(("roles",))
-            reply = self._reply(None, "roles")
+        with self._cond:
+            self._ask_locked(_ROLES, (_ROLES,))
+            reply = self._answer_locked(_ROLES, "roles")
         return ModelRoles.from_json(reply["roles"])
+
+    def _ask_locked(self, label: str, message: tuple[Any, ...]) -> None:
+        self._start_locked()
+        if label not in self._asked:
+            self._asked.add(label)
+            self._requests.put(message)
+
+    def _answer_locked(self, label: str, what: str) -> dict[str, Any]:
+        """The host's answer to ``label``; answers come in the order asked, so a thread
+        may read others' first (one thread reads at a time, the rest wait)."""
+        while label not in self._answers:
+            if self._reading:
+                self._cond.wait()
+                continue
+            self._reading = True
+            self._cond.release()
+            try:
+                reply = self._reply(None, what)
+            finally:
+                self._cond.acquire()
+                self._reading = False
+                self._cond.notify_all()
+            self._answers[reply["label"]] = reply
+        self._asked.discard(label)
+        reply = self._answers.pop(label)
+        if "error" in reply:
+            raise CompileError(f"host build: {reply['error']}")
+        return reply
 
     def _reply(self, timeout_s: float | None, what: str) -> dict[str, Any]:
         began = time.monotonic()
@@ -280,8 +378,6 @@ class HostBuilder:
                         f"the host build process did not {what} in {timeout_s} s"
                     ) from None
                 continue
-            if "error" in reply:
-                raise CompileError(f"host build: {reply['error']}")
             return reply
 
     def close(self) -> None:
@@ -295,6 +391,9 @@ class HostBuilder:
             self._process.join()
         self._requests.close()
         self._replies.close()
+
+
+_ROLES = "roles"  # the label of the roles request and its answer
 
 
 def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
@@ -324,12 +423,14 @@ def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
         return
     replies.put({"pid": os.getpid(), "affinity": sorted(os.sched_getaffinity(0))})
     while (request := requests.get()) is not None:
+        label = _ROLES
         try:
-            if request[0] == "roles":
-                replies.put({"roles": compiler.roles().to_json()})
+            if request[0] == _ROLES:
+                replies.put({"label": label, "roles": compiler.roles().to_json()})
                 continue
             _, phase, capacity, chunk = request
             spec = Specialization(Phase(phase), capacity, chunk)
+            label = spec.label
             began = time.perf_counter()
             outcome = compiler.build(spec)
             build = {
@@ -342,8 +443,8 @@ def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
                 "pid": os.getpid(),
                 "affinity": sorted(os.sched_getaffinity(0)),
             }
-            replies.put({"build": build})
+            replies.put({"label": label, "build": build})
         except Exception as exc:
-            replies.put({"error": str(exc)})
+            replies.put({"label": label, "error": str(exc)})
     compiler.close()
     store.close()

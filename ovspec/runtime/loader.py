@@ -10,6 +10,7 @@ each switch, earlier when a deadline plan says so), ``on_demand`` (the stall bas
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from ovspec.compile.compiler import Compiler
 from ovspec.compile.halves import CompiledGraph, HalvedCompiledModel
 from ovspec.compile.modes import LoadMode
 from ovspec.compile.programs import Program
+from ovspec.compile.split import SplitPins
 from ovspec.errors import CompileError, OvspecError
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.roles import ModelRoles
@@ -86,7 +88,7 @@ class Loader:
         warm_up: bool = True,
         kv_layout: KVLayout | None = None,
         worker_cores: tuple[int, ...] | None = None,
-        pin_threads: Callable[[], None] | None = None,
+        pins: SplitPins | None = None,
         on_steady: Callable[[], None] | None = None,
         halve_prompt_graph: bool = False,
         release_passed_rungs: bool | None = None,
@@ -105,12 +107,10 @@ class Loader:
         self._programs: dict[Specialization, Program] = {}
         self._pending: dict[Specialization, Future[Program]] = {}
         self._events: list[LoaderEvent] = []
-        # The device/host split: the worker runs on the host cores; once the foreground
-        # is over (it may use every core) ``pin_threads`` puts the decode thread on the
-        # device cores and every other thread on the host cores, again around each load.
+        # The split: the worker on the host cores; once the foreground is over (it may use
+        # every core) ``pins`` moves threads to their cores, again around each load.
         self.worker_cores = worker_cores
-        self._pin_threads = pin_threads
-        self._split_begun = False
+        self._pins = pins
         self._worker = Worker(worker_cores)
         self._closed = False
         self._on_close = list(on_close)
@@ -187,6 +187,7 @@ class Loader:
         # The decode is taken at once (no compile, no warm-up): it keeps the graph alive
         # when the session releases the prefill after the prompt.
         if not shared:
+            self._compiler.build_ahead(prefill)  # the prompt's graph first
             self._submit(decode, foreground=True)
             self._obtain(prefill, record_wait=False)
             return
@@ -391,18 +392,19 @@ class Loader:
     # -- internals ----------------------------------------------------------------
 
     def _begin_split(self) -> None:
-        if self._pin_threads is not None and not self._split_begun:
-            self._split_begun = True
-            self._pin_threads()
+        if self._pins is not None:
+            self._pins.begin()
 
     def _prefill(self, capacity_tokens: int) -> Specialization:
         chunk = self.prefill_chunk_tokens or 1
         return Specialization.prefill(capacity_tokens, min(chunk, capacity_tokens))
 
     def _load(self, spec: Specialization, foreground: bool, halves: bool = False) -> Program:
+        with self._pins.loading() if self._pins is not None else contextlib.nullcontext():
+            return self._load_here(spec, foreground, halves)
+
+    def _load_here(self, spec: Specialization, foreground: bool, halves: bool) -> Program:
         self._record(EventKind.LOAD_START, spec, foreground)
-        if self._split_begun and self._pin_threads is not None:
-            self._pin_threads()
         try:
             program = self._compiler.load(spec, halves=halves)
         except Exception as exc:
@@ -437,8 +439,6 @@ class Loader:
         if self.warm_up and spec.phase is Phase.DECODE and not program.reused:
             warm_s = warm_up(program.compiled)
             self._warmed = True
-        if self._split_begun and self._pin_threads is not None:
-            self._pin_threads()  # threads the load made on the decode thread's cores
         self._record(
             EventKind.LOADED,
             spec,

@@ -25,8 +25,8 @@ from ovspec.compile.split import (
     THREADS_PROPERTY,
     CoreSplit,
     HostBuilder,
+    SplitPins,
     pin_process,
-    pin_split,
     usable_cores,
 )
 from ovspec.errors import BadRequestError, arg
@@ -128,8 +128,10 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
         options.ladder.check_fits(model_dir.max_position_embeddings)
         builder = None
         if cores is not None:
-            builder = _host_builder(options, decided, model_dir, store, cores)
-            stack.callback(builder.close)  # started below, or by the roles asked first
+            # Spawned now: its Python and OpenVINO start while this process opens the
+            # device (a device the compiler refuses then stops it at once).
+            builder = _host_builder(options, decided, model_dir, store, cores).spawn()
+            stack.callback(builder.close)
         compiler = Compiler(
             model_dir,
             options.device,
@@ -147,15 +149,14 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
             top = Specialization.decode(options.ladder.top_tokens)
             choose_layout(options.kv_layout, compiler.roles(top), options.ladder)
         trimmer = _weight_pages(decided, options.policy, compiler, model_dir, stack)
-        pin_threads = None
+        pins = None
         if builder is not None and cores is not None:
             # OpenVINO has started with the whole mask (the compiler listed the devices),
             # which a thread entering its pool gets again; the loader pins when its
             # foreground is over, and closing restores this affinity.
             stack.callback(pin_process, tuple(sorted(os.sched_getaffinity(0))))
             builder.start()
-            decode_tid = threading.get_native_id()  # the thread that opens decodes
-            pin_threads = functools.partial(pin_split, cores, decode_tid)
+            pins = SplitPins(cores, threading.get_native_id())  # the thread that opens decodes
         owned = contextlib.ExitStack()
         loader = _loader_class(options, tuning)(
             compiler,
@@ -166,7 +167,7 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
             origin_s=tuning.origin_s,
             kv_layout=options.kv_layout,
             worker_cores=cores.host if cores is not None else None,
-            pin_threads=pin_threads,
+            pins=pins,
             # Not during a lazy start: the first graph packs its weights from the
             # mapping then, and dropping its pages meanwhile slows the first prefill.
             on_steady=trimmer.start if trimmer is not None else None,

@@ -3,18 +3,25 @@ imports through the store (tiny model; no timed assertions)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import openvino as ov
 import pytest
 
 import ovspec.runtime.decoding as runtime
+from ovspec.compile.devices import NpuwProfile
 from ovspec.compile.split import (
     CoreSplit,
     HostBuilder,
+    SplitPins,
     pin_process,
-    pin_split,
     thread_affinities,
     usable_cores,
 )
@@ -104,7 +111,22 @@ def test_split_pins_builds_on_the_host_and_decodes_the_same_tokens(tmp_path: Pat
 
 
 @needs_two_cores
-def test_pin_split_puts_the_decode_thread_on_the_device_and_the_rest_on_the_host() -> None:
+def test_the_host_builds_the_prompts_graph_first(tmp_path: Path) -> None:
+    """One host builds in the order asked: the prompt's graph before the first rung's
+    decode graph, which the worker asks for at the same moment (it used to win the race
+    most times, and the prompt waited for both builds)."""
+    cores = usable_cores()
+    split = CoreSplit((cores[0],), (cores[1],))
+    with runtime.open(
+        MODEL, ladder="32,64", store=tmp_path / "s", tuning=runtime.Tuning(split=split)
+    ) as loader:
+        runtime.decode(loader, PROMPT, max_new_tokens=4)
+        built = [e.spec for e in loader.events if e.kind is EventKind.COMPILED]
+    assert built[:2] == ["prefill@32x32", "decode@32"]
+
+
+@needs_two_cores
+def test_split_pins_put_the_decode_thread_on_the_device_and_the_rest_on_the_host() -> None:
     cores = usable_cores()
     split = CoreSplit((cores[0],), (cores[1],))
     assert split.decode_thread_only
@@ -120,8 +142,11 @@ def test_pin_split_puts_the_decode_thread_on_the_device_and_the_rest_on_the_host
     thread.start()
     started.wait()
     before = pin_process(cores)
+    pins = SplitPins(split, threading.get_native_id())
     try:
-        pin_split(split, threading.get_native_id())
+        pins.pin()  # before the split begins: nothing moves
+        assert os.sched_getaffinity(tids[0]) == set(cores)
+        pins.begin()
         assert os.sched_getaffinity(0) == set(split.device)
         assert os.sched_getaffinity(tids[0]) == set(split.host)
         # A thread the decode thread creates inherits the device cores until the next pin.
@@ -130,38 +155,48 @@ def test_pin_split_puts_the_decode_thread_on_the_device_and_the_rest_on_the_host
         probe.start()
         probe.join()
         assert late == [set(split.device)]
-        # A pin around a later load leaves such a thread there (it serves the decode's
-        # inference: NPUW's subdevice threads) and moves a thread on every core.
-        made, go = threading.Event(), threading.Event()
-        inference: list[int] = []
-
-        def serves_the_decode() -> None:
-            inference.append(threading.get_native_id())
-            made.set()
-            go.wait()
-
-        kept = threading.Thread(target=serves_the_decode)
-        kept.start()
-        made.wait()
-        os.sched_setaffinity(tids[0], set(cores))
+        # A native thread a load makes serves that graph's inference: on the device
+        # cores after the load, wherever it was made. A Python thread another library
+        # moved to the device cores (OpenVINO re-pins the loader's worker that warms a
+        # graph up) goes back to the host.
+        with pins.loading():
+            made, end_native = native_thread()
+            os.sched_setaffinity(made, split.host)  # as if the worker had made it
+            os.sched_setaffinity(tids[0], split.device)
         try:
-            pin_split(split, threading.get_native_id())
-            assert os.sched_getaffinity(inference[0]) == set(split.device)
+            assert pins.inference_threads() == {made}
+            assert os.sched_getaffinity(made) == set(split.device)
             assert os.sched_getaffinity(tids[0]) == set(split.host)
         finally:
-            go.set()
-            kept.join()
+            end_native()
     finally:
         stop.set()
         thread.join()
         pin_process(before)
 
 
+def native_thread() -> tuple[int, Callable[[], None]]:
+    """A thread no Python code runs on (blocked in ``pause()``, as OpenVINO's idle
+    executors wait): its id, and a function that ends it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = set(os.listdir("/proc/self/task"))
+    handle = ctypes.c_ulong()
+    assert libc.pthread_create(ctypes.byref(handle), None, libc.pause, None) == 0
+    (made,) = set(os.listdir("/proc/self/task")) - before
+
+    def end() -> None:
+        libc.pthread_cancel(handle)  # pause() is a cancellation point
+        libc.pthread_join(handle, None)
+
+    return int(made), end
+
+
 @needs_two_cores
 def test_a_successor_imports_off_the_decode_core(tmp_path: Path) -> None:
     """One-ahead under the split: after the successor loaded in the background, no
-    thread but the decode thread may run on the device core (OpenVINO's pool threads
-    build an imported graph; they used to stay pinned beside the decode)."""
+    thread but the decode thread and the executors the loads made for their graphs may
+    run on the device core (OpenVINO's pool threads build an imported graph; they used
+    to stay pinned beside the decode)."""
     cores = usable_cores()
     split = CoreSplit((cores[0],), (cores[1],))
     with runtime.open(
@@ -176,6 +211,8 @@ def test_a_successor_imports_off_the_decode_core(tmp_path: Path) -> None:
         loader.get(64)  # waits for it
         affinities = thread_affinities()
         assert affinities.pop(threading.get_native_id()) == split.device
+        made = loader._pins.inference_threads() if loader._pins is not None else frozenset()
+        assert {affinities.pop(t) for t in made} <= {split.device}
         assert set(affinities.values()) == {split.host}
         assert loader.worker_cores == split.host
 
@@ -203,3 +240,64 @@ def test_a_host_process_that_fails_to_start_keeps_its_error(
     with pytest.raises(RuntimeError, match="spawn refused"):
         builder.start()
     builder.close()  # nothing started: nothing to stop, and no error of its own
+
+
+@needs_two_cores
+def test_npuw_rungs_infer_on_the_device_cores_whoever_imported_them(tmp_path: Path) -> None:
+    """NPUW runs each subgraph's inference (and its completion callback) on executor
+    threads its graph's load made: on the loader's worker, pinned to the host. After the
+    successors loaded, the threads that run a rung's inference are on the device core,
+    and the worker, which OpenVINO re-pins when it warms a graph up, is on the host."""
+    cores = usable_cores()
+    split = CoreSplit((cores[0],), (cores[1],))
+    # test_npuw.py's exact properties: graphs of one weights file share an NPUW weights
+    # bank in a process, which asserts on graphs folded otherwise.
+    npuw = {"NPUW_DEVICES": "CPU", **NpuwProfile.exact_properties}
+    with runtime.open(
+        MODEL,
+        ladder="32,64,128",
+        device="NPU",
+        properties=npuw,
+        store=tmp_path / "s",
+        policy="one_ahead",
+        tuning=runtime.Tuning(split=split),
+    ) as loader:
+        loader.start(32)
+        graphs = [loader.get(32), loader.get(64)]  # the worker loaded both, and 128
+        loader.load_now(128)
+        workers = [t.native_id or 0 for t in threading.enumerate() if t.name.startswith("ovspec")]
+        affinities = thread_affinities()
+        assert workers and {affinities[w] for w in workers} == {split.host}
+        for compiled in graphs:
+            spent = _cpu_s_by_thread_over_infers(compiled, times=50)
+            decode_s = spent.pop(threading.get_native_id())
+            # More than a trace of the decode thread's own time (callbacks on the host
+            # core took ~4% of it).
+            serving = {t for t, s in spent.items() if s > 0.01 * decode_s}
+            assert serving, "NPUW ran no subgraph off the calling thread"
+            assert {thread_affinities().get(t) for t in serving} <= {split.device}
+
+
+def _cpu_s_by_thread_over_infers(compiled: Any, times: int) -> dict[int, float]:
+    """CPU seconds each thread of this process spent over ``times`` inferences of
+    ``compiled`` on this thread (schedstat), after one unmeasured."""
+    request = compiled.create_infer_request()
+    for port in compiled.inputs:
+        shape = [d.get_min_length() if d.is_dynamic else d.get_length() for d in port.partial_shape]
+        request.set_tensor(port, ov.Tensor(np.zeros(shape, port.element_type.to_dtype())))
+    request.infer()  # its first inference's one-time work, outside the measure
+    before = _thread_cpu_s()
+    for _ in range(times):
+        request.infer()
+    return {t: s - before.get(t, 0.0) for t, s in _thread_cpu_s().items()}
+
+
+def _thread_cpu_s() -> dict[int, float]:
+    out = {}
+    for name in os.listdir("/proc/self/task"):
+        with (
+            contextlib.suppress(OSError, ValueError),
+            open(f"/proc/self/task/{name}/schedstat") as f,
+        ):
+            out[int(name)] = int(f.read().split()[0]) / 1e9  # unless it just ended
+    return out

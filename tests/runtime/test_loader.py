@@ -49,6 +49,9 @@ class FakeCompiler:
     def share_rung(self, capacity_tokens: int) -> None:
         pass  # no graph serves two specializations here
 
+    def build_ahead(self, spec: Specialization) -> None:
+        pass  # no build delegate here
+
     def load(self, spec: Specialization, halves: bool = False) -> Program:
         time.sleep(self.load_s)
         gate = self.gates.get(spec.capacity_tokens)
