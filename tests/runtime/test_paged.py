@@ -29,7 +29,7 @@ from ovspec.runtime import vmem
 from ovspec.runtime.blockkv import BLOCK_TOKENS, BlockKV, cache_layouts
 from ovspec.runtime.decoding import decode, open_rungs
 from ovspec.runtime.loader import EventKind
-from ovspec.runtime.paged import PagedLoader, computes_in_f32
+from ovspec.runtime.paged import BoundInputs, PagedLoader, computes_in_f32
 
 
 def test_greedy_tokens_and_logits_are_the_stateful_references(
@@ -298,3 +298,27 @@ def test_generate_runs_it_from_the_cli_with_the_compiled_paths_tokens(tmp_path: 
     paged, compiled = generate("--load-mode", "paged"), generate("--load-mode", "compile")
     assert paged["load_mode"] == "paged" and paged["rungs"] == [32, 64]
     assert paged["token_ids"] == compiled["token_ids"]
+
+
+def test_a_call_rebinds_only_the_inputs_whose_shape_changed() -> None:
+    bound: list[tuple[str, ov.Tensor]] = []
+
+    class Recording:
+        def set_tensor(self, name: str, tensor: ov.Tensor) -> None:
+            bound.append((name, tensor))
+
+    inputs = BoundInputs(Recording())
+    inputs.put("past_lens", np.array([7], np.int32))
+    inputs.put("past_lens", np.array([8], np.int32))  # same shape: written in place
+    assert [name for name, _ in bound] == ["past_lens"]
+    assert bound[0][1].data.tolist() == [8]  # the bound tensor shares the written memory
+    inputs.put("block_indices", np.arange(2, dtype=np.int32))
+    inputs.put("block_indices", np.arange(3, dtype=np.int32))  # a new block: rebound
+    inputs.put("past_lens", np.array([8], np.int64))  # another type: rebound
+    assert [name for name, _ in bound] == [
+        "past_lens",
+        "block_indices",
+        "block_indices",
+        "past_lens",
+    ]
+    assert bound[2][1].data.tolist() == [0, 1, 2]
