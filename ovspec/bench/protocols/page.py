@@ -83,7 +83,7 @@ def page_document(result: BenchResult, env: Mapping[str, str], command: str) -> 
             # Which threads the split pins to the device cores (absent from older results,
             # which pinned the whole decode process).
             "split_pinning": (
-                ("decode_thread" if cfg.split.decode_thread_only else "process")
+                ("load_threads" if cfg.split.decode_thread_only else "process")
                 if cfg.split is not None
                 else None
             ),
@@ -194,14 +194,24 @@ def _setup(document: Mapping[str, Any]) -> list[str]:
 
 
 def _pinning(how: str | None) -> str:
-    if how == "decode_thread":
+    if how == "load_threads":
+        return (
+            "the decode thread is pinned to the device core (`INFERENCE_NUM_THREADS` = 1), "
+            "and so are the threads each graph's load makes (they run that graph's "
+            "inference); every other thread of the decode process (the loader's, and "
+            "OpenVINO's pool threads, which build an imported graph) goes to the host "
+            "cores once the foreground is over, again after every load (`SplitPins`),"
+        )
+    if how == "decode_thread":  # results from before SplitPins
         return (
             "the decode thread is pinned to the device core (`INFERENCE_NUM_THREADS` = 1: "
             "inference runs on that thread), every other thread of the decode process (the "
             "loader's, and OpenVINO's pool threads, which build an imported graph) to the "
             "host cores once the foreground is over (OpenVINO gives a thread entering its "
             "pool the whole mask it started with, so some of the decode thread's CPU time "
-            "runs on the host core; this run did not measure how much),"
+            "runs on the host core; this run did not measure how much; and the threads a "
+            "load on the loader's thread made, which ran that graph's inference, were on "
+            "the host cores too, found later),"
         )
     return (
         "the decode process is pinned to the device cores (every thread, before OpenVINO "
