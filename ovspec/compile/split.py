@@ -314,15 +314,11 @@ class HostBuilder:
 
     def request(self, spec: Specialization) -> None:
         with self._cond:
-            self._ask_locked(
-                spec.label, ("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens)
-            )
+            self._ask_locked(spec.label, _build_message(spec))
 
     def build(self, spec: Specialization) -> DelegatedBuild:
         with self._cond:
-            self._ask_locked(
-                spec.label, ("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens)
-            )
+            self._ask_locked(spec.label, _build_message(spec))
             reply = self._answer_locked(spec.label, "build")
         return DelegatedBuild(**{**reply["build"], "affinity": tuple(reply["build"]["affinity"])})
 
@@ -394,6 +390,11 @@ class HostBuilder:
 
 
 _ROLES = "roles"  # the label of the roles request and its answer
+
+
+def _build_message(spec: Specialization) -> tuple[Any, ...]:
+    """What the host process is sent to build ``spec`` (``_serve`` reads it back)."""
+    return ("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens)
 
 
 def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:

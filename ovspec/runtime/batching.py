@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
-import openvino as ov
 
 from ovspec.errors import BadRequestError, arg
 from ovspec.ir import paged as graph
@@ -24,7 +23,7 @@ from ovspec.runtime.blockkv import cache_layouts
 from ovspec.runtime.blockpool import BlockPool, blocks_for, reservation_schedule
 from ovspec.runtime.decoding import check_prompt_ids
 from ovspec.runtime.kvcache import Migration
-from ovspec.runtime.paged import PagedLoader
+from ovspec.runtime.paged import BoundInputs, PagedLoader
 from ovspec.runtime.sampling import GenerationConfig, TokenChooser
 
 # Called with each generated token once chosen; returning True ends the sequence.
@@ -127,6 +126,7 @@ class ContinuousBatcher:
         self.vocab_tokens = loader.vocab_tokens
         self.pool = BlockPool(cache_layouts(compiled), schedule)
         self._request = compiled.create_infer_request()
+        self._inputs = BoundInputs(self._request)  # the small per-call inputs
         self._bind_pool()
         self._origin_s = loader.origin_s
         self._next_id = 0
@@ -274,15 +274,15 @@ class ContinuousBatcher:
         longest = max(s.live_tokens + len(t) for s, t in zip(self._live, chunks, strict=True))
         if self._bound_version != self.pool.arrays_version:
             self._bind_pool()  # the pool grew or shrank: its arrays moved
-        r = self._request
-        r.set_tensor(graph.INPUT_IDS, ov.Tensor(np.asarray(ids, np.int64)))
-        r.set_tensor(graph.POSITION_IDS, ov.Tensor(np.asarray(positions, np.int64)))
-        r.set_tensor(graph.PAST_LENS, ov.Tensor(np.asarray(past, np.int32)))
-        r.set_tensor(graph.SUBSEQUENCE_BEGINS, ov.Tensor(np.asarray(begins, np.int32)))
-        r.set_tensor(graph.BLOCK_INDICES, ov.Tensor(np.asarray(block_ids, np.int32)))
-        r.set_tensor(graph.BLOCK_INDICES_BEGINS, ov.Tensor(np.asarray(block_begins, np.int32)))
-        r.set_tensor(graph.MAX_CONTEXT_LEN, ov.Tensor(np.array(longest, np.int32)))
-        r.set_tensor(graph.LOGITS_INDICES, ov.Tensor(np.asarray(last_rows, np.int64)))
+        r, put = self._request, self._inputs.put
+        put(graph.INPUT_IDS, np.asarray(ids, np.int64))
+        put(graph.POSITION_IDS, np.asarray(positions, np.int64))
+        put(graph.PAST_LENS, np.asarray(past, np.int32))
+        put(graph.SUBSEQUENCE_BEGINS, np.asarray(begins, np.int32))
+        put(graph.BLOCK_INDICES, np.asarray(block_ids, np.int32))
+        put(graph.BLOCK_INDICES_BEGINS, np.asarray(block_begins, np.int32))
+        put(graph.MAX_CONTEXT_LEN, np.array(longest, np.int32))
+        put(graph.LOGITS_INDICES, np.asarray(last_rows, np.int64))
         began = time.perf_counter()
         r.infer()
         infer_s = time.perf_counter() - began

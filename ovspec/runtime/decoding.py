@@ -131,8 +131,8 @@ def passed_rungs_released(policy: Policy, asked: bool | None) -> bool:
     Dropping one is not free either: the compiled model's destructor frees its packed
     weights (~1 GB for the 0.5B preset) holding the GIL, which stalls the decode step by
     about 0.1 s, from a background thread as much as from the decode's own. A lazy
-    loader releases: on the NPU path (weights in one bank) that keeps a 4-rung ladder's
-    peak RSS at its top rung's, against 1.33x with every rung kept (docs/npu.md).
+    loader releases: on the NPU path (weights in one bank) that keeps a ladder's peak RSS
+    near its top rung's (docs/npu.md).
     """
     return policy is not Policy.EAGER if asked is None else asked
 
