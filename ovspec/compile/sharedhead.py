@@ -1,7 +1,8 @@
 """The LM head and the embeddings one compiler's graphs share (``ir/headcut.py``): each
 compiled once (from the IR, or built into the store as an entry of its own and imported),
 and each cut graph wrapped to run them around it, so to a caller it is the uncut graph:
-inputs and outputs by name, requests, state.
+inputs and outputs by name, requests, state. An embedding that only copies table rows is
+a ``HostLookup`` over the weights' mapping instead of a model.
 """
 
 from __future__ import annotations
@@ -16,13 +17,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import openvino as ov
+import openvino.opset13 as ops
 
 from ovspec.compile.blobfile import FileSink, map_file
 from ovspec.compile.halves import ComposedModel
 from ovspec.compile.modes import LoadMode
 from ovspec.errors import CompileError, openvino_message
+from ovspec.ir.compression import CompressionMode
 from ovspec.ir.graph_io import RewriteRefused
-from ovspec.ir.headcut import EMBEDS_INPUT, HIDDEN_OUTPUT, embedding_model, head_model
+from ovspec.ir.headcut import (
+    EMBEDS_INPUT,
+    HIDDEN_OUTPUT,
+    HostTable,
+    embedding_model,
+    head_model,
+    host_table,
+)
 from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob
 
 if TYPE_CHECKING:
@@ -55,6 +65,49 @@ def _names(port: str | Any) -> set[str]:
     return {port} if isinstance(port, str) else set(port.names)
 
 
+class HostLookup:
+    """One chunk's embedding lookup done on the host: the rows of the token ids, copied out
+    of the table and widened as the graph's Convert does (bit for bit). Shows the compiled
+    lookup model's face: its ids input by name, requests, one output."""
+
+    def __init__(self, table: HostTable, chunk_tokens: int) -> None:
+        self.table, self.chunk_tokens = table, chunk_tokens
+        ids = ops.parameter([1, chunk_tokens], table.ids_type)
+        ids.output(0).get_tensor().set_names(set(table.ids_names))
+        self._ids = ids  # owns the port
+        self.inputs = [ids.output(0)]
+
+    def create_infer_request(self) -> HostLookupRequest:
+        return HostLookupRequest(self)
+
+
+class HostLookupRequest:
+    def __init__(self, lookup: HostLookup) -> None:
+        rows = lookup.table.rows
+        self._rows = rows
+        self._ids = ov.Tensor(lookup.table.ids_type, ov.Shape([1, lookup.chunk_tokens]))
+        self._out = np.zeros((1, lookup.chunk_tokens, rows.shape[1]), lookup.table.out_dtype)
+        self._out_tensor = ov.Tensor(self._out, shared_memory=True)
+
+    def set_tensor(self, port: str | Any, tensor: ov.Tensor) -> None:
+        self._ids = tensor
+
+    def get_tensor(self, port: str | Any) -> ov.Tensor:
+        return self._ids
+
+    def get_output_tensor(self, index: int = 0) -> ov.Tensor:
+        return self._out_tensor
+
+    def infer(self) -> None:
+        ids = np.asarray(self._ids.data).reshape(-1)
+        vocabulary = self._rows.shape[0]
+        # Gather's rule: a negative id counts from the end, one out of range gives zeros.
+        valid = (ids >= -vocabulary) & (ids < vocabulary)
+        self._out[0] = self._rows[np.where(valid, ids, 0)]
+        if not valid.all():
+            self._out[0][~valid] = 0
+
+
 class CutCompiledModel(ComposedModel):
     """A cut graph with the shared embedding before it and the shared head after it
     (either may be absent); what ``Session`` and ``warm_up`` use of a compiled model."""
@@ -63,7 +116,7 @@ class CutCompiledModel(ComposedModel):
         self,
         body: CompiledGraph,
         head: ov.CompiledModel | None,
-        embedding: ov.CompiledModel | None,
+        embedding: ov.CompiledModel | HostLookup | None,
     ) -> None:
         self.body, self.head, self.embedding = body, head, embedding
         own = [p for p in body.inputs if EMBEDS_INPUT not in p.names]
@@ -137,6 +190,8 @@ class SharedEnds:
         # label -> (compiled model, the imported blob's mapping to keep alive)
         self._models: dict[str, tuple[ov.CompiledModel, np.ndarray | None]] = {}
         self.compiles = 0  # models this compiler compiled (not imported from a hit)
+        self._table: HostTable | None = None
+        self._table_read = False
 
     def attach(self, program: Program) -> Program:
         """``program`` with its head and embedding where its graph was cut."""
@@ -144,9 +199,22 @@ class SharedEnds:
         if not is_cut(program.compiled) and chunk is None:
             return program
         head = self.get(HEAD_SPECIALIZATION) if is_cut(program.compiled) else None
-        lookup = self.get(f"{EMBEDDING_PREFIX}{chunk}") if chunk is not None else None
+        embeds = next((p for p in program.compiled.inputs if EMBEDS_INPUT in p.names), None)
+        lookup = self.lookup(embeds) if embeds is not None else None
         cut = CutCompiledModel(program.compiled, head, lookup)
         return dataclasses.replace(program, compiled=cut)
+
+    def lookup(self, embeds: Any) -> ov.CompiledModel | HostLookup:
+        """The lookup that feeds a cut graph's ``embeds`` input: on the host where the
+        table's rows are what the port takes, else the chunk's lookup model."""
+        chunk = int(embeds.get_partial_shape()[1].get_length())
+        with self._lock:
+            table = self._host_table()
+        hidden = int(embeds.get_partial_shape()[2].get_length())
+        dtype = np.dtype(embeds.get_element_type().to_dtype())
+        if table is not None and table.rows.shape[1] == hidden and dtype == table.out_dtype:
+            return HostLookup(table, chunk)
+        return self.get(f"{EMBEDDING_PREFIX}{chunk}")
 
     def get(self, label: str) -> ov.CompiledModel:
         with self._lock:
@@ -163,7 +231,11 @@ class SharedEnds:
         (IMPORT mode); their bytes. A part the model cannot cut is skipped (its graphs
         were not cut either: the same walk)."""
         stored = 0
-        for label in (HEAD_SPECIALIZATION, f"{EMBEDDING_PREFIX}{chunk_tokens}"):
+        labels = [HEAD_SPECIALIZATION]
+        with self._lock:
+            if self._host_table() is None:
+                labels.append(f"{EMBEDDING_PREFIX}{chunk_tokens}")
+        for label in labels:
             try:
                 outcome = self._stored(label, map_payload=False)
             except PartRefused:
@@ -171,6 +243,23 @@ class SharedEnds:
             outcome.discard()
             stored += outcome.size_bytes
         return stored
+
+    def _host_table(self) -> HostTable | None:
+        """The table the host looks embeddings up in, read once (under ``_lock``): from
+        the IR as read (its .bin mapped, nothing converted) unless the compiler prepares
+        its graphs otherwise (compressed: their table is not the IR's) or has them in
+        memory already."""
+        if not self._table_read:
+            compiler = self._compiler
+            if compiler._prepared.started or compiler.compression.mode is not CompressionMode.NONE:
+                llm = compiler.llm()
+                model, roles = llm.model, llm.roles
+            else:
+                model = compiler._core.read_model(compiler.model_dir.xml_path)
+                roles = compiler.roles()
+            self._table = host_table(model, roles)
+            self._table_read = True
+        return self._table
 
     def _model(self, label: str) -> ov.Model:
         llm = self._compiler.llm()

@@ -2,11 +2,16 @@
 hidden state and starts at the token embeddings, and one head model (hidden -> logits)
 and one embedding model per chunk size (ids -> embeddings) serve every rung, so a ladder
 holds their weights and device copies once (``compile/sharedhead.py`` runs them). The
-cuts are exact: the models are the very nodes the graphs lose, fed the same tensors.
+cuts are exact: the models are the very nodes the graphs lose, fed the same tensors; a
+lookup that only copies rows of a table (``host_table``) runs on the host instead.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
@@ -103,3 +108,52 @@ def embedding_model(dynamic: ov.Model, roles: ModelRoles, chunk_tokens: int) -> 
     except RuntimeError as exc:  # the lookup reads another graph input: no cut
         raise RewriteRefused(f"the embedding is not a function of the ids: {exc}") from exc
     return lookup
+
+
+@dataclass(frozen=True)
+class HostTable:
+    """An embedding lookup the host does exactly: rows of ``rows`` (a view of the
+    constant's own bytes, the .bin's mapping for a read IR) converted to ``out_dtype``."""
+
+    rows: np.ndarray  # [vocabulary, hidden]
+    out_dtype: np.dtype[Any]
+    ids_type: ov.Type
+    ids_names: frozenset[str]
+    owner: Any  # the Constant whose bytes ``rows`` views
+
+
+# Table and output types whose conversion numpy does as OpenVINO's Convert does (exactly).
+_HOST_CONVERSIONS = {("f16", "f32"), ("f16", "f16"), ("f32", "f32")}
+
+
+def host_table(dynamic: ov.Model, roles: ModelRoles) -> HostTable | None:
+    """The embedding table of ``dynamic`` when its lookup is a Gather on axis 0 of a
+    Constant (or of a Convert of one, f16 to f32) with no batch dims: rows copied and
+    widened, which the host does bit for bit. None for any other lookup (a compressed
+    table's decompression, say), which stays a model."""
+    try:
+        gather = _embedding_gather(dynamic, roles)
+    except (RewriteRefused, StopIteration):  # another lookup, or no ids input of that name
+        return None
+    data, axis = (gather.input_value(i).get_node() for i in (0, 2))
+    if gather.get_attributes().get("batch_dims", 0) != 0 or axis.get_type_name() != "Constant":
+        return None
+    if [int(v) for v in np.asarray(axis.get_data()).reshape(-1)] != [0]:
+        return None
+    if data.get_type_name() == "Convert":
+        data = data.input_value(0).get_node()
+    out_type = gather.get_output_element_type(0)
+    if data.get_type_name() != "Constant" or len(data.get_output_shape(0)) != 2:
+        return None
+    if (data.get_output_element_type(0).get_type_name(), out_type.get_type_name()) not in (
+        _HOST_CONVERSIONS
+    ):
+        return None
+    ids = next(p for p in dynamic.get_parameters() if roles.input_ids in p.output(0).names)
+    return HostTable(
+        rows=data.get_data(),
+        out_dtype=np.dtype(out_type.to_dtype()),
+        ids_type=ids.get_output_element_type(0),
+        ids_names=frozenset(ids.output(0).names),
+        owner=data,
+    )

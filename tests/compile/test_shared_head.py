@@ -6,19 +6,27 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import openvino as ov
+import openvino.opset13 as ops
 import pytest
 
 import ovspec
+from ovspec.compile import sharedhead
 from ovspec.compile.compiler import Compiler
 from ovspec.compile.devices import profile_for
 from ovspec.compile.modes import LoadMode
-from ovspec.compile.sharedhead import EMBEDDING_PREFIX, HEAD_SPECIALIZATION, embedding_chunk
+from ovspec.compile.sharedhead import (
+    EMBEDDING_PREFIX,
+    HEAD_SPECIALIZATION,
+    HostLookup,
+    embedding_chunk,
+)
 from ovspec.compile.sharedhead import CutCompiledModel as Cut
-from ovspec.ir.headcut import EMBEDDING_MODEL_NAME, HEAD_MODEL_NAME, HIDDEN_OUTPUT
+from ovspec.ir.headcut import EMBEDDING_MODEL_NAME, HEAD_MODEL_NAME, HIDDEN_OUTPUT, host_table
 from ovspec.ir.model_dir import ModelDir
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.rewrites import GraphRewrite, RewriteSet
@@ -117,9 +125,15 @@ class _CountingCore:
 
 
 @pytest.mark.parametrize("device", list(PATHS))
+@pytest.mark.parametrize("host", [True, False], ids=["host-lookup", "lookup-models"])
 def test_a_ladder_compiles_its_head_once_and_an_embedding_per_chunk(
-    tiny_dir: Path, tmp_path: Path, device: str
+    tiny_dir: Path, tmp_path: Path, device: str, host: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The head: one model for the ladder. The embedding: the host's lookup over one table
+    (tiny's is an f16 constant), or, for a table the host cannot read as rows (made so
+    here), one lookup model per chunk."""
+    if not host:
+        monkeypatch.setattr(sharedhead, "host_table", lambda *_: None)
     properties, load_mode, rewrites = PATHS[device]
     store = Store(tmp_path / "store")
     compiler = Compiler(
@@ -139,17 +153,57 @@ def test_a_ladder_compiles_its_head_once_and_an_embedding_per_chunk(
         assert len(cut) == len(programs)
         assert all(HIDDEN_OUTPUT in {n for p in c.body.outputs for n in p.names} for c in cut)
         heads = {id(c.head) for c in cut}
-        # Each chunk's embedding model, by the chunk its graphs take (CPU's 1..P prompt
-        # graph keeps its lookup: its chunk varies).
-        lookups = {embedding_chunk(c.body): id(c.embedding) for c in cut if c.embedding}
+        # Each chunk's lookup, by the chunk its graphs take (CPU's 1..P prompt graph keeps
+        # its lookup: its chunk varies).
+        lookups = {embedding_chunk(c.body): c.embedding for c in cut if c.embedding}
         assert 1 in lookups and all(embedding_chunk(c.body) in lookups for c in cut[1:])
+        kinds = {type(lookup) for lookup in lookups.values()}
+        assert kinds == ({HostLookup} if host else {ov.CompiledModel})
+        if host:  # every lookup reads the one table, where the IR's constant lies
+            assert len({id(lookup.table) for lookup in lookups.values()}) == 1
     finally:
         compiler.close()
     assert counting.compiles[HEAD_MODEL_NAME] == 1 and len(heads) == 1
-    assert counting.compiles[EMBEDDING_MODEL_NAME] == len(lookups) == len(set(lookups.values()))
+    models = 0 if host else len(lookups)
+    assert counting.compiles[EMBEDDING_MODEL_NAME] == models
+    assert len({id(lookup) for lookup in lookups.values()}) == len(lookups)
     stored = [e.values()["specialization"] for e in store.entries()]
     assert stored.count(HEAD_SPECIALIZATION) == (1 if load_mode == "import" else 0)
     in_store = sorted(
         int(s[len(EMBEDDING_PREFIX) :]) for s in stored if s.startswith(EMBEDDING_PREFIX)
     )
-    assert in_store == (sorted(lookups) if load_mode == "import" else [])
+    assert in_store == (sorted(lookups) if load_mode == "import" and not host else [])
+
+
+def _lookup_model(table: ov.Node, ids_count: int) -> tuple[ov.Model, Any]:
+    ids = ops.parameter([1, ids_count], ov.Type.i64)
+    ids.output(0).get_tensor().set_names({"input_ids"})
+    gather = ops.gather(table, ids, ops.constant(np.int64(0)))
+    return ov.Model([ops.result(gather)], [ids]), SimpleNamespace(input_ids="input_ids")
+
+
+def test_the_host_lookup_gives_what_the_cpu_plugins_gather_does_ids_out_of_range_too() -> None:
+    rows = np.random.default_rng(0).standard_normal((10, 4)).astype(np.float16)
+    ids = np.array([[3, -1, 9, 0, 12, -11]], dtype=np.int64)
+    model, roles = _lookup_model(ops.convert(ops.constant(rows), ov.Type.f32), ids.shape[1])
+    table = host_table(model, roles)  # type: ignore[arg-type]
+    assert table is not None and table.out_dtype == np.float32
+    assert np.shares_memory(table.rows, table.owner.get_data())  # the constant's bytes
+    request = HostLookup(table, ids.shape[1]).create_infer_request()
+    request.get_tensor("input_ids").data[...] = ids
+    request.infer()
+    compiled = ov.Core().compile_model(model, "CPU", dict(EXACT_CPU_PROPERTIES))
+    expected = compiled({"input_ids": ids})[0]
+    assert np.array_equal(request.get_output_tensor(0).data, expected)
+    assert np.array_equal(expected[0, :4], rows[[3, 9, 9, 0]].astype(np.float32))
+    assert not expected[0, 4:].any()  # out of range: zeros, on both
+
+
+def test_a_table_that_is_not_plain_rows_stays_a_lookup_model() -> None:
+    rows = np.arange(40, dtype=np.uint8).reshape(10, 4)
+    half = ops.constant(np.float32(0.5))
+    scaled = ops.multiply(ops.convert(ops.constant(rows), ov.Type.f32), half)
+    model, roles = _lookup_model(scaled, 3)
+    assert host_table(model, roles) is None  # type: ignore[arg-type]
+    model, roles = _lookup_model(ops.constant(rows.astype(np.float32)), 3)
+    assert host_table(model, roles) is not None  # type: ignore[arg-type]
