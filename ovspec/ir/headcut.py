@@ -1,6 +1,6 @@
 """The LM head and the embedding cut out of the rung graphs: each rung ends at the final
 hidden state and starts at the token embeddings, and one head model (hidden -> logits)
-and one embedding model per chunk size (ids -> embeddings) serve every rung, so a ladder
+and one embedding lookup per chunk size (ids -> embeddings) serve every rung, so a ladder
 holds their weights and device copies once (``compile/sharedhead.py`` runs them). The
 cuts are exact: the models are the very nodes the graphs lose, fed the same tensors; a
 lookup that only copies rows of a table (``host_table``) runs on the host instead.

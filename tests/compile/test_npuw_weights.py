@@ -244,3 +244,30 @@ def test_a_further_rung_holds_no_f32_copy_of_the_embedding_table(
     config = json.loads((small_dir / "config.json").read_text(encoding="utf-8"))
     table_f32_bytes = config["vocab_size"] * config["hidden_size"] * 4
     assert costs["head"] - costs["default"] > 0.5 * table_f32_bytes, (costs, table_f32_bytes)
+
+
+def test_a_blob_carrying_its_weights_imports_beside_a_live_bank_of_the_same_weights(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A weightless rung fills the model's bank in this process; an exact rung (unfolded:
+    its blob carries its weights, as a serialized bank) then imports beside it. Naming the
+    same bank, the import would add its tensors under ids the live bank already holds
+    (NPUW: "Assertion false failed"); such blobs name no shared bank."""
+    model = ModelDir.open(tiny_dir)
+    exact = {**NPUW, **profile_for("NPU", NPUW).exact_properties}
+    kept = []
+    for properties in (NPUW, exact, exact):
+        compiler = Compiler(model, "NPU", properties, Store(tmp_path / "store"))
+        try:
+            kept.append(compiler.load(Specialization.decode(64)))
+        finally:
+            compiler.close()
+    carrying = profile_for("NPU", exact).compile_properties(BlobMode.WEIGHTLESS, exact, "a" * 32)
+    assert WEIGHTS_BANK not in carrying
+    full = profile_for("NPU", NPUW).compile_properties(BlobMode.FULL, NPUW, "a" * 32)
+    assert WEIGHTS_BANK not in full
+    chosen = {**NPUW, WEIGHTS_BANK: "mine"}  # the user's choice stands
+    assert (
+        profile_for("NPU", chosen).compile_properties(BlobMode.FULL, chosen, "a")[WEIGHTS_BANK]
+        == "mine"
+    )

@@ -126,6 +126,19 @@ class NpuwProfile(NpuProfile):
         (as genai's shared head): NPUW's partitioner refuses a lone embedding lookup."""
         return {} if ONLINE_PIPELINE in properties else {ONLINE_PIPELINE: "NONE"}
 
+    def compile_properties(
+        self, mode: BlobMode, properties: Mapping[str, str], weights_digest: str
+    ) -> dict[str, str]:
+        """The base's, but a blob that carries its weights (full, or unfolded: NPUW then
+        serializes its bank into the blob) names no shared bank unless the user chose one:
+        imported beside a live bank of that name, its tensors' ids would collide with the
+        bank's (NPUW asserts). Only weightless folded blobs, which read the .bin, share."""
+        props = super().compile_properties(mode, properties, weights_digest)
+        unfolded = props.get(FOLD, "").upper() in ("NO", "FALSE")
+        if (mode is BlobMode.FULL or unfolded) and WEIGHTS_BANK not in properties:
+            del props[WEIGHTS_BANK]
+        return props
+
     def shared_weights_properties(self, weights_digest: str) -> dict[str, str]:
         """One bank per weights file: a bank tells its tensors apart only by what tells them
         apart within one model (address or .bin offset, type, shape), so two models must
