@@ -37,9 +37,11 @@ def _rewrites(results: Mapping[str, Any]) -> str:
     named = "the profile's default set" if chosen == "default" else f"`{chosen}`"
     return (
         f", graphs rewritten with {named}. Where the graphs end at the final hidden state "
-        "(and start at the token embeddings), the LM head (and the embedding) are compiled "
-        "models of their own per compiler, so one for the ladder (one per rung in the "
-        "control), with store entries of their own, counted in the store column"
+        "(and start at the token embeddings), the LM head is a compiled model of its own "
+        "per compiler, so one for the ladder (one per rung in the control), with a store "
+        "entry of its own, counted in the store column; the embedding, a plain f16 table "
+        "here, is looked up on the host in the `.bin`'s mapping (a lookup model per chunk "
+        "before ovspec 277799c)"
     )
 
 
