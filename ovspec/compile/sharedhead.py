@@ -33,6 +33,7 @@ from ovspec.ir.headcut import (
     head_model,
     host_table,
 )
+from ovspec.ir.specialize import read_ir
 from ovspec.store.local import BlobOutcome, PayloadWriteError, ProducedBlob
 
 if TYPE_CHECKING:
@@ -255,8 +256,7 @@ class SharedEnds:
                 llm = compiler.llm()
                 model, roles = llm.model, llm.roles
             else:
-                model = compiler._core.read_model(compiler.model_dir.xml_path)
-                roles = compiler.roles()
+                model, roles = read_ir(compiler.model_dir.xml_path), compiler.roles()
             self._table = host_table(model, roles)
             self._table_read = True
         return self._table

@@ -65,9 +65,16 @@ def head_model(dynamic: ov.Model, roles: ModelRoles) -> ov.Model:
     return head
 
 
+def _ids_parameter(model: ov.Model, roles: ModelRoles) -> ov.Node:
+    found = [p for p in model.get_parameters() if roles.input_ids in p.output(0).names]
+    if not found:
+        raise RewriteRefused(f"the model has no input named {roles.input_ids}")
+    return found[0]
+
+
 def _embedding_gather(model: ov.Model, roles: ModelRoles) -> ov.Node:
     """The Gather that looks the token ids up in the embedding table (ids via Converts)."""
-    ids = next(p for p in model.get_parameters() if roles.input_ids in p.output(0).names)
+    ids = _ids_parameter(model, roles)
     frontier, found = [ids.output(0)], []
     while frontier:
         for target in frontier.pop().get_target_inputs():
@@ -100,7 +107,7 @@ def embedding_model(dynamic: ov.Model, roles: ModelRoles, chunk_tokens: int) -> 
     ids [1, chunk] in, embeddings [1, chunk, H] out (the same nodes)."""
     model = dynamic.clone()
     gather = _embedding_gather(model, roles)
-    ids = next(p for p in model.get_parameters() if roles.input_ids in p.output(0).names)
+    ids = _ids_parameter(model, roles)
     result = ops.result(gather.output(0))
     try:
         lookup = ov.Model([result], [ids], EMBEDDING_MODEL_NAME)
@@ -133,7 +140,7 @@ def host_table(dynamic: ov.Model, roles: ModelRoles) -> HostTable | None:
     table's decompression, say), which stays a model."""
     try:
         gather = _embedding_gather(dynamic, roles)
-    except (RewriteRefused, StopIteration):  # another lookup, or no ids input of that name
+    except RewriteRefused:  # another lookup, or no ids input of that name
         return None
     data, axis = (gather.input_value(i).get_node() for i in (0, 2))
     if gather.get_attributes().get("batch_dims", 0) != 0 or axis.get_type_name() != "Constant":
@@ -149,7 +156,7 @@ def host_table(dynamic: ov.Model, roles: ModelRoles) -> HostTable | None:
         _HOST_CONVERSIONS
     ):
         return None
-    ids = next(p for p in dynamic.get_parameters() if roles.input_ids in p.output(0).names)
+    ids = _ids_parameter(dynamic, roles)
     return HostTable(
         rows=data.get_data(),
         out_dtype=np.dtype(out_type.to_dtype()),
