@@ -11,7 +11,7 @@ import dataclasses
 import errno
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -286,14 +286,25 @@ class SharedEnds:
         return compiled, time.perf_counter() - began
 
     def _through_store(self, label: str) -> tuple[ov.CompiledModel, np.ndarray]:
-        outcome = self._stored(label, map_payload=True)
+        """The part imported from the store; a blob made (or fetched) here is served by
+        the import that validated it: a second import would hold the part's weights
+        twice where a named weights bank keeps every import's tensors (NPUW)."""
+        validated: list[tuple[ov.CompiledModel, np.ndarray]] = []
+        outcome = self._stored(label, map_payload=True, keep=validated.append)
         try:
+            if validated:
+                return validated[-1]
             mapping = outcome.payload if outcome.payload is not None else map_file(outcome.path)
             return self._compiler._import(mapping, outcome.path.name)
         finally:
             outcome.discard()
 
-    def _stored(self, label: str, map_payload: bool) -> BlobOutcome:
+    def _stored(
+        self,
+        label: str,
+        map_payload: bool,
+        keep: Callable[[tuple[ov.CompiledModel, np.ndarray]], None] | None = None,
+    ) -> BlobOutcome:
         compiler = self._compiler
         key = compiler.part_key(label)
 
@@ -313,7 +324,9 @@ class SharedEnds:
             return ProducedBlob(compile_s=compile_s, size_bytes=size, metadata=metadata)
 
         def validate(path: Path) -> None:
-            compiler.import_blob(path)
+            imported = compiler.import_blob(path)
+            if keep is not None:
+                keep(imported)
 
         check = None if compiler.facts.offline else validate  # an absent device cannot import
         return compiler.store.get_or_create(key, produce, validate=check, map_payload=map_payload)

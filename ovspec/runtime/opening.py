@@ -297,7 +297,8 @@ def _trims_weight_pages(asked: bool | None, profile: DeviceProfile, mode: LoadMo
     if asked and reason is not None:
         raise BadRequestError(f"{arg('trim_weight_pages')} cannot run here: {reason}")
     if asked is None:
-        return reason is None and profile.trims_weight_pages and mode is LoadMode.COMPILE
+        # Import mode too: a cold store compiles and exports its blobs from the IR.
+        return reason is None and profile.trims_weight_pages and mode is not LoadMode.PAGED
     return asked
 
 

@@ -84,7 +84,8 @@ class Tuning:
     ``trim_weight_pages``: keep the IR's mapped ``.bin`` out of the resident set once
     graphs have packed their weights (``runtime/residency.py``), from the first decode
     step on (an eager start: from its beginning). Default: where the profile says so,
-    for graphs compiled from the IR.
+    for rung graphs (compiled or imported: a cold store compiles its blobs from the IR;
+    a warm one never maps it, and the trimmer has nothing to do).
     ``halve_prompt_graph``: compile the graph the prompt waits for as two halves side by
     side and run them one after the other (``compile/halves.py``). Default: where the
     profile says so, for graphs compiled from the IR, a lazy policy and >= 2 cores.

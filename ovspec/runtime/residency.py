@@ -1,4 +1,4 @@
-"""Keeps the IR's mapped weights file out of this process's resident set (CPU).
+"""Keeps the IR's mapped weights file out of this process's resident set (CPU, NPUW on CPU).
 
 OpenVINO maps the IR's ``.bin``. A CPU graph packs the weights it uses into private
 memory (at its compile, and the rest at its first inference) and does not read the

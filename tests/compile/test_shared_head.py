@@ -207,3 +207,38 @@ def test_a_table_that_is_not_plain_rows_stays_a_lookup_model() -> None:
     assert host_table(model, roles) is None  # type: ignore[arg-type]
     model, roles = _lookup_model(ops.constant(rows.astype(np.float32)), 3)
     assert host_table(model, roles) is not None  # type: ignore[arg-type]
+
+
+def test_a_part_made_here_is_served_by_the_import_that_validated_it(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A cold store imports each blob once, as a warm one does: a second import would
+    hold the part's weights twice where NPUW's named weights bank keeps every import's."""
+    properties, load_mode, rewrites = PATHS["NPU"]
+    store = Store(tmp_path / "store")
+    imports: list[int] = []
+    for _ in ("cold", "warm"):
+        compiler = Compiler(
+            ModelDir.open(tiny_dir),
+            "NPU",
+            properties,
+            store,
+            rewrites=_with(rewrites, HEAD),
+            load_mode=LoadMode(load_mode),
+        )
+        seen = 0
+        real_import = compiler._import
+
+        def counting_import(*args: Any, _real: Any = real_import) -> Any:
+            nonlocal seen
+            seen += 1
+            return _real(*args)
+
+        compiler._import = counting_import  # type: ignore[method-assign]
+        try:
+            program = compiler.load(Specialization.decode(32))
+            assert isinstance(program.compiled, Cut) and program.compiled.head is not None
+        finally:
+            compiler.close()
+        imports.append(seen)
+    assert imports == [2, 2]  # the rung's graph and the head, cold and warm

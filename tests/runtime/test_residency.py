@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from waiting import wait_until
 
+from ovspec.compile.devices import profile_for
+from ovspec.compile.modes import LoadMode
 from ovspec.errors import MappingError
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.ir.specialize import prefill_specialization
@@ -301,3 +303,30 @@ def test_without_pagemap_the_trimmer_drops_on_rss_file_growth(
     finally:
         trimmer.stop()
     assert _resident_bytes_at(address) == 0
+
+
+@needs_madvise
+def test_npuw_drops_the_pages_a_cold_store_maps_and_a_warm_store_maps_none(
+    tiny_dir: Path, store: Store
+) -> None:
+    """NPUW on CPU keeps its weights in host memory: by default the compile and export
+    that fill a cold store leave the .bin's pages to the trimmer; a warm store imports its
+    blobs without reading the IR into a model, so nothing is mapped to trim."""
+    npuw = {"NPUW_DEVICES": "CPU", **profile_for("NPU", {"NPUW_DEVICES": "CPU"}).exact_properties}
+    prompt = np.random.default_rng(6).integers(3, 2048, 40).tolist()
+    small = max(_weights_size(tiny_dir) // 8, 1 << 18)
+    tokens = []
+    for start in ("cold", "warm"):
+        with open_loader(tiny_dir, "64,128", device="NPU", properties=npuw, store=store) as loader:
+            assert loader.load_mode is LoadMode.IMPORT
+            tokens.append(list(decode(loader, prompt, max_new_tokens=60).token_ids))
+            address = loader._compiler.mapped_weights_address()
+            if start == "warm":
+                assert address is None
+                continue
+            assert address is not None and _trimming()
+            deadline = time.monotonic() + 30.0
+            while _resident_bytes_at(address) > small and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _resident_bytes_at(address) <= small
+    assert tokens[0] == tokens[1]
