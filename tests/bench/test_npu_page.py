@@ -50,7 +50,11 @@ def test_the_tool_runs_end_to_end_and_writes_its_page(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((out / "results" / "npu-plugin.json").read_text(encoding="utf-8"))
     runs = results["cases"]["custom"]["runs"]
-    assert sorted(r["arm"] for r in runs) == ["genai-npu", "genai-npu-pyramid", "ovspec-npu"]
+    assert sorted(r["arm"] for r in runs) == [
+        "genai-npu", "genai-npu-cached", "genai-npu-pyramid", "ovspec-npu", "ovspec-npu-warm"
+    ]  # fmt: skip
+    # The warm pair's stores were primed: genai's CACHE_DIR holds OpenVINO's blob.
+    assert list((tmp_path / "work" / "store-genai-npu-cached").glob("*.blob"))
     assert all(len(r["token_ids"]) == 30 for r in runs)
     assert results["cases"]["custom"]["config"]["genai_context"] == {
         "MAX_PROMPT_LEN": "64",
@@ -62,18 +66,26 @@ def test_the_tool_runs_end_to_end_and_writes_its_page(tmp_path: Path) -> None:
     for run in runs:
         cpu = run["decode_cpu_s"]
         assert cpu["device"] > 0
-        if run["arm"] != "ovspec-npu":
+        if run["arm"] in ("genai-npu", "genai-npu-pyramid"):
             assert cpu["other"] == 0
+        # genai-npu-cached: some of its decode CPU may run on the host core(s) (threads
+        # its cache import started; not re-pinned): the page shows each arm's share.
     text = (out / "npu-plugin.md").read_text(encoding="utf-8")
     assert text == render(results)
     assert "Cores: an emulated device/host split" in text
     assert "Decode CPU on the device cores (median): `genai-npu` 100%" in text
     assert "--model" in text and "tests/data/qwen2" in text  # the command that made it
-    assert "| figure | genai-npu | genai-npu-pyramid | ovspec-npu |" in text
+    assert (
+        "| figure | genai-npu | genai-npu-pyramid | genai-npu-cached | ovspec-npu | "
+        "ovspec-npu-warm | ovspec / genai-npu [95% CI] | verdict | ovspec / genai-npu-pyramid "
+        "[95% CI] | verdict | ovspec-npu-warm / genai-npu-cached [95% CI] | verdict | target |"
+    ) in text
+    assert "The warm pair: `genai-npu-cached`" in text
     assert "| reserved KV, token-weighted (tokens) | 128 | 128 |" in text
     assert "| decode, 64–128 live (ms/token) |" in text
     assert "`ovspec-npu`: 1/1 runs' full token lists equal genai-npu's first run's" in text
-    assert "tokens identical: yes" in text
+    for arm in ("genai-npu-pyramid", "ovspec-npu", "ovspec-npu-warm"):
+        assert f"`{arm}`: 1/1 runs' full token lists equal genai-npu's first run's" in text
 
 
 def test_a_split_the_machine_cannot_give_is_one_line(tmp_path: Path) -> None:
@@ -173,3 +185,30 @@ def test_the_split_counts_the_host_build_process_memory_too() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_warm_pair_is_its_own_ratio_and_a_differing_arm_is_named() -> None:
+    from ovspec.bench.npu.page import _pairs, _tokens_summary
+
+    def run(arm: str, rep: int, first_s: float, ids: list[int]) -> dict[str, Any]:
+        return {"arm": arm, "repetition": rep, "first_token_s": first_s, "token_ids": ids}
+
+    runs = [
+        r
+        for rep in (0, 1)
+        for r in (
+            run("genai-npu", rep, 8.0, [1, 2]),
+            run("ovspec-npu", rep, 4.0, [1, 2]),
+            run("genai-npu-cached", rep, 2.0, [1, 3]),
+            run("ovspec-npu-warm", rep, 1.0, [1, 2]),
+        )
+    ]
+    assert _pairs(runs) == [("ovspec-npu", "genai-npu"), ("ovspec-npu-warm", "genai-npu-cached")]
+    warm = ratio_interval(runs, "genai-npu-cached", lambda r: r["first_token_s"], "ovspec-npu-warm")
+    assert warm is not None and warm.estimate == 0.5  # warm over warm, not over genai-npu
+    assert _tokens_summary(runs) == (
+        "tokens identical: **no** (`genai-npu-cached` differ from the first genai run's)"
+    )
+    assert _tokens_summary([r for r in runs if r["arm"] != "genai-npu-cached"]) == (
+        "tokens identical: yes"
+    )

@@ -12,11 +12,26 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ovspec.bench.common.verdicts import Interval, Verdict, at_most, paired_ratio
-from ovspec.bench.npu.runner import OVSPEC_ARM, PAGE, REFERENCE_ARM, SHARED_CORES_PAGE
+from ovspec.bench.npu.runner import (
+    CACHED_REFERENCE_ARM,
+    OVSPEC_ARM,
+    OVSPEC_WARM_ARM,
+    PAGE,
+    REFERENCE_ARM,
+    SHARED_CORES_PAGE,
+)
 from ovspec.bench.speed.stats import band_ms
 
 COMMAND = "python tools/bench_npu.py"
-GENAI_ARMS = (REFERENCE_ARM, "genai-npu-pyramid")
+GENAI_ARMS = (REFERENCE_ARM, "genai-npu-pyramid", CACHED_REFERENCE_ARM)
+OVSPEC_ARMS = (OVSPEC_ARM, OVSPEC_WARM_ARM)
+# (ovspec arm, genai arm) compared: cold against genai's up-front compile, and warm (a
+# primed store) against genai with a primed CACHE_DIR.
+PAIRS = (
+    (OVSPEC_ARM, REFERENCE_ARM),
+    (OVSPEC_ARM, "genai-npu-pyramid"),
+    (OVSPEC_WARM_ARM, CACHED_REFERENCE_ARM),
+)
 # ovspec / genai, the 95% interval's upper bound at or under these (issue 27).
 FIRST_TOKEN_TARGET = 0.5
 RESERVED_KV_TARGET = 0.6
@@ -47,29 +62,31 @@ def ovspec_kv_tokens(run: Mapping[str, Any], prompt_tokens: int) -> list[int]:
 
 def reserved_mean_tokens(run: Mapping[str, Any], config: Mapping[str, Any]) -> float:
     """Reserved KV tokens, weighted by generated token over the run."""
-    if run["arm"] != OVSPEC_ARM:
+    if run["arm"] not in OVSPEC_ARMS:
         return float(genai_kv_tokens(config))
     return statistics.fmean(ovspec_kv_tokens(run, config["prompt_tokens"]))
 
 
 def reserved_peak_tokens(run: Mapping[str, Any], config: Mapping[str, Any]) -> float:
-    if run["arm"] != OVSPEC_ARM:
+    if run["arm"] not in OVSPEC_ARMS:
         return float(genai_kv_tokens(config))
     return float(max(run["rungs"]))
 
 
-def ratio_interval(runs: Sequence[Mapping[str, Any]], peer: str, metric: Metric) -> Interval | None:
-    """ovspec's ``metric`` over ``peer``'s, paired by repetition: the paired-t interval
-    of ``common.verdicts``; a figure that does not vary (computed, not timed) is exact,
-    its interval a point (one pair cannot show that a figure does not vary). None: fewer
-    than 2 pairs."""
+def ratio_interval(
+    runs: Sequence[Mapping[str, Any]], peer: str, metric: Metric, mine: str = OVSPEC_ARM
+) -> Interval | None:
+    """``mine``'s (an ovspec arm's) ``metric`` over ``peer``'s, paired by repetition: the
+    paired-t interval of ``common.verdicts``; a figure that does not vary (computed, not
+    timed) is exact, its interval a point (one pair cannot show that a figure does not
+    vary). None: fewer than 2 pairs."""
     by_rep: dict[int, dict[str, Mapping[str, Any]]] = {}
     for r in runs:
         by_rep.setdefault(int(r.get("repetition", 0)), {})[r["arm"]] = r
     pairs = []
     for reps in by_rep.values():
-        if peer in reps and OVSPEC_ARM in reps:
-            a, b = metric(reps[peer]), metric(reps[OVSPEC_ARM])
+        if peer in reps and mine in reps:
+            a, b = metric(reps[peer]), metric(reps[mine])
             if a and b:
                 pairs.append((a, b))
     ratios = [b / a for a, b in pairs]
@@ -236,8 +253,10 @@ def _render(results: Mapping[str, Any], page: str) -> str:
         "MAX_PROMPT_LEN=…, MIN_RESPONSE_LEN=…)`; `genai-npu-pyramid`: the same with "
         "`NPUW_LLM_GENERATE_PYRAMID=YES`; `ovspec-npu`: ovspec one-ahead on "
         "`--device NPU --config NPUW_DEVICES=CPU` with the device's default load mode "
-        "(import: blobs through a store, cold in every run). Properties given to every "
-        f"arm: {properties or 'none'} ({_properties_note(results['properties'])}). "
+        "(import: blobs through a store, cold in every run)."
+        + _warm_note(cases)
+        + f" Properties given to every arm: {properties or 'none'} "
+        f"({_properties_note(results['properties'])}). "
         f"Wall time {results['wall_s'] / 60:.1f} min.",
         "",
         _cores_note(results.get("split")),
@@ -269,31 +288,58 @@ def _render(results: Mapping[str, Any], page: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _warm_note(cases: Mapping[str, Any]) -> str:
+    """The warm pair's sentence, where a case ran it."""
+    if not any(_pairs(c["runs"])[-1:] == [PAIRS[-1]] for c in cases.values()):
+        return ""
+    return (
+        f" The warm pair: `{CACHED_REFERENCE_ARM}` is `genai-npu` with OpenVINO's "
+        "`CACHE_DIR` and "
+        f"`{OVSPEC_WARM_ARM}` is `ovspec-npu` with its store, each primed by one "
+        "unmeasured run before the repetitions (a user's second start: imports, no "
+        "compile); their ratios compare the two warm arms."
+    )
+
+
 def _summary(name: str, case: Mapping[str, Any]) -> str:
     config, runs = case["config"], case["runs"]
     parts = []
     for label, metric, _digits, target in _figures(config):
         if target is None:
             continue
-        verdicts = [at_most(ratio_interval(runs, p, metric), target) for p in _peers(runs)]
+        pairs = _pairs(runs)
+        verdicts = [at_most(ratio_interval(runs, p, metric, m), target) for m, p in pairs]
         parts.append(f"{label.split(' (')[0]} ≤ {target:.1f}×: " + _joined(verdicts))
-    parts.append("tokens identical: " + ("yes" if _all_identical(runs) else "**no**"))
-    return f"- `{name}`, ovspec-npu / ({' | '.join(_peers(runs))}): " + "; ".join(parts) + "."
+    parts.append(_tokens_summary(runs))
+    return f"- `{name}`, {_pairs_label(_pairs(runs))}: " + "; ".join(parts) + "."
+
+
+def _pairs_label(pairs: Sequence[tuple[str, str]]) -> str:
+    """``ovspec-npu / (genai-npu | genai-npu-pyramid)`` while every pair is the cold
+    arm's (the first format's label), else each pair named."""
+    if all(mine == OVSPEC_ARM for mine, _ in pairs):
+        return f"{OVSPEC_ARM} / ({' | '.join(p for _, p in pairs)})"
+    return "(" + " | ".join(f"{m} / {p}" for m, p in pairs) + ")"
+
+
+def _pair_header(mine: str, peer: str) -> str:
+    return f"ovspec / {peer}" if mine == OVSPEC_ARM else f"{mine} / {peer}"
 
 
 def _joined(verdicts: Sequence[Verdict]) -> str:
     return " | ".join(v.bold() if v is Verdict.MET else v.value for v in verdicts)
 
 
-def _peers(runs: Sequence[Mapping[str, Any]]) -> list[str]:
-    return [a for a in GENAI_ARMS if any(r["arm"] == a for r in runs)]
+def _pairs(runs: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    present = {r["arm"] for r in runs}
+    return [(m, p) for m, p in PAIRS if m in present and p in present]
 
 
 def _case(name: str, case: Mapping[str, Any], shared: Mapping[str, str]) -> list[str]:
     config, runs = case["config"], case["runs"]
     env = case["environment"]
-    arms = [a for a in (*GENAI_ARMS, OVSPEC_ARM) if any(r["arm"] == a for r in runs)]
-    peers = _peers(runs)
+    arms = [a for a in (*GENAI_ARMS, *OVSPEC_ARMS) if any(r["arm"] == a for r in runs)]
+    pairs = _pairs(runs)
     context = config["genai_context"]
     lines = [
         f"## {name}",
@@ -310,15 +356,15 @@ def _case(name: str, case: Mapping[str, Any], shared: Mapping[str, str]) -> list
         "| figure | "
         + " | ".join(arms)
         + " | "
-        + " | ".join(f"ovspec / {p} [95% CI] | verdict" for p in peers)
+        + " | ".join(f"{_pair_header(m, p)} [95% CI] | verdict" for m, p in pairs)
         + " | target |",
-        "|---|" + "---|" * (len(arms) + 2 * len(peers) + 1),
+        "|---|" + "---|" * (len(arms) + 2 * len(pairs) + 1),
     ]
     for label, metric, digits, target in _figures(config):
         medians = [_median([metric(r) for r in runs if r["arm"] == a], digits) for a in arms]
         cells = []
-        for peer in peers:
-            interval = ratio_interval(runs, peer, metric)
+        for mine, peer in pairs:
+            interval = ratio_interval(runs, peer, metric, mine)
             verdict = at_most(interval, target).value if target is not None else "–"
             cells += [_cell(interval), verdict]
         goal = f"≤ {target:.1f}×" if target is not None else "–"
@@ -344,9 +390,19 @@ def _reference_ids(runs: Sequence[Mapping[str, Any]]) -> list[int]:
     return list(next(r["token_ids"] for r in runs if r["arm"] in GENAI_ARMS))
 
 
-def _all_identical(runs: Sequence[Mapping[str, Any]]) -> bool:
+def _tokens_summary(runs: Sequence[Mapping[str, Any]]) -> str:
+    """The summary's token clause: identical, or which arms' runs differ from the first
+    genai run's."""
     reference = _reference_ids(runs)
-    return all(list(r["token_ids"]) == reference for r in runs)
+    differ = [
+        a
+        for a in (*GENAI_ARMS, *OVSPEC_ARMS)
+        if any(list(r["token_ids"]) != reference for r in runs if r["arm"] == a)
+    ]
+    if not differ:
+        return "tokens identical: yes"
+    named = ", ".join(f"`{a}`" for a in differ)
+    return f"tokens identical: **no** ({named} differ from the first genai run's)"
 
 
 def _tokens(runs: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -355,7 +411,7 @@ def _tokens(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     reference = _reference_ids(runs)
     first = next(r["arm"] for r in runs if r["arm"] in GENAI_ARMS)
     out = []
-    for arm in (*GENAI_ARMS, OVSPEC_ARM):
+    for arm in (*GENAI_ARMS, *OVSPEC_ARMS):
         mine = [list(r["token_ids"]) for r in runs if r["arm"] == arm]
         if not mine:
             continue

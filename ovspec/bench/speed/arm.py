@@ -176,6 +176,8 @@ def _genai(request: ArmRequest, on_token: Any) -> dict[str, Any]:
     properties: dict[str, Any] = {
         k: int(v) if k in GENAI_INTEGER_PROPERTIES else v for k, v in request.properties.items()
     }
+    if request.store_dir:  # a kept store: OpenVINO's own cache of the compiled pipeline
+        properties["CACHE_DIR"] = request.store_dir
     pipe = openvino_genai.LLMPipeline(request.model_dir, request.device, **properties)
     if split is not None:  # then all of it on the device cores: nothing compiles later
         pin_process(split.device)
