@@ -196,8 +196,8 @@ def render_shared_cores(results: Mapping[str, Any]) -> str:
     return _render(results, SHARED_CORES_PAGE)
 
 
-def _cores_note(split: Mapping[str, Any] | None) -> str:
-    """How the arms shared the machine's cores."""
+def _cores_note(split: Mapping[str, Any] | None, cached: bool = False) -> str:
+    """How the arms shared the machine's cores (``cached``: a case ran the warm pair)."""
     if split is None:
         return (
             "Cores: no split, every arm on every core. ovspec one-ahead compiles its next "
@@ -215,7 +215,14 @@ def _cores_note(split: Mapping[str, Any] | None) -> str:
         "the process on the host core(s) while `LLMPipeline` is built (its up-front compile "
         "of the prefill and generate graphs, necessarily in the same process, before the "
         "prompt), then all of it on the device core(s) for the prompt and the decode. "
-        "`ovspec-npu`: `--split`: every graph compiled and exported into the store by a "
+        + (
+            f"`{CACHED_REFERENCE_ARM}` builds its pipeline on the device core(s) too: it "
+            "imports from its cache and compiles nothing, and OpenVINO keeps inference "
+            "threads on the cores it had when it made their streams (at that import). "
+            if cached
+            else ""
+        )
+        + "`ovspec-npu`: `--split`: every graph compiled and exported into the store by a "
         "process on the host core(s), imported in the decode process, whose decode thread "
         "is on the device core(s) and its other threads (the loader's imports) on the host "
         "core(s). Each arm thus gets its host core(s) for compiling and its device core(s) "
@@ -259,7 +266,7 @@ def _render(results: Mapping[str, Any], page: str) -> str:
         f"({_properties_note(results['properties'])}). "
         f"Wall time {results['wall_s'] / 60:.1f} min.",
         "",
-        _cores_note(results.get("split")),
+        _cores_note(results.get("split"), bool(_warm_note(cases))),
         "",
         "genai is configured for the same maximum context as ovspec's top rung: "
         "`MAX_PROMPT_LEN` is the prompt rounded up to 64 tokens (NPUW's alignment), "

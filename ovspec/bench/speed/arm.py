@@ -167,7 +167,10 @@ def _genai(request: ArmRequest, on_token: Any) -> dict[str, Any]:
     if split is not None:  # before OpenVINO starts: its compile on the host cores
         from ovspec.compile.split import pin_process
 
-        pin_process(split.host)
+        # From a primed CACHE_DIR it imports, compiling nothing: on the device cores, as
+        # OpenVINO pins its inference threads to the cores it had when it made their
+        # streams (at import, here), and re-pinning the process later does not move them.
+        pin_process(split.device if request.store_dir else split.host)
     import numpy as np
     import openvino as ov
     import openvino_genai

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Where a one-ahead decode on the NPU path (NPUW on CPU subdevices) holds its memory:
+a fresh process per arm runs ``ovspec.open`` + ``decode`` while a thread samples
+``RssAnon`` and ``RssFile`` (``/proc/self/status``) every 20 ms and every OpenVINO
+compile, import and IR read is logged with the memory around it. Arms: a cold store then
+the same store warm, with the profile's named weights bank and (``--no-bank``) without.
+A probe, not a benchmark: one run per arm, no peer; docs/npu.md reads its output.
+
+    python tools/npuw_memory_timeline.py                     # the 0.5B preset, about 1 min
+    python tools/npuw_memory_timeline.py --model builtin:small --events
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import _this_checkout  # noqa: F401  (before any ovspec import)
+import click
+
+from ovspec.bench.common.records import DEFAULT_MODELS_DIR
+from ovspec.cli import tool_errors
+from ovspec.errors import OvspecError
+
+PROPERTIES = {"NPUW_DEVICES": "CPU", "INFERENCE_PRECISION_HINT": "f32", "NPUW_F16IC": "NO"}
+SAMPLE_S = 0.02
+
+
+def _status_mib() -> dict[str, float]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name = line.split(":")[0]
+            if name in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                out[name] = int(line.split()[1]) / 1024
+    return out
+
+
+def _child(model_dir: str, store: str, ladder: str, prompt: int, new: int, bank: bool) -> None:
+    """One arm, in this process: prints one JSON line."""
+    import numpy as np
+    import openvino as ov
+
+    began = time.perf_counter()
+    samples: list[tuple[float, dict[str, float]]] = []
+    events: list[dict[str, Any]] = []
+
+    def sample() -> None:
+        while True:
+            samples.append((time.perf_counter() - began, _status_mib()))
+            time.sleep(SAMPLE_S)
+
+    def event(what: str) -> None:
+        at = round(time.perf_counter() - began, 3)
+        events.append(
+            {"s": at, "event": what, "thread": threading.current_thread().name, **_status_mib()}
+        )
+
+    for name in ("compile_model", "import_model", "read_model"):
+        real = getattr(ov.Core, name)
+
+        def logged(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            target = args[1] if len(args) > 1 else None
+            label = target.get_friendly_name() if isinstance(target, ov.Model) else ""
+            event(f"> {_name} {label}".rstrip())
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                event(f"< {_name}")
+
+        setattr(ov.Core, name, logged)
+    if not bank:  # the control: no bank named, each compiled model keeps its own tensors
+        from ovspec.compile.devices.npuw import NpuwProfile
+
+        NpuwProfile.shared_weights_properties = lambda self, digest: {}  # type: ignore[method-assign,assignment]
+    threading.Thread(target=sample, daemon=True).start()
+    import ovspec
+    from ovspec.runtime.decoding import decode
+
+    ids = [int(x) for x in np.random.default_rng(0).integers(3, 2000, prompt)]
+    with ovspec.open(
+        model_dir, ladder=ladder, device="NPU", properties=PROPERTIES, store=store
+    ) as loader:
+        event("opened")
+        decode(loader, ids, max_new_tokens=new)
+        event("decoded")
+        end = _status_mib()
+    peak_s, peak = max(samples, key=lambda s: s[1]["VmRSS"])
+    print(json.dumps({"peak_s": round(peak_s, 2), "peak": peak, "end": end, "events": events}))
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", default="builtin:qwen2.5-0.5b", show_default=True)
+@click.option("--ladder", default="128,256", show_default=True)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=96, show_default=True)
+@click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--no-bank", is_flag=True, help="Also run both arms with no weights bank named.")
+@click.option("--events", is_flag=True, help="Print every arm's compile/import timeline.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw results as JSON.")
+@click.option("--child", hidden=True, default=None)
+def main(
+    model: str,
+    ladder: str,
+    prompt_tokens: int,
+    new_tokens: int,
+    no_bank: bool,
+    events: bool,
+    as_json: bool,
+    child: str | None,
+) -> None:
+    if child is not None:
+        args = json.loads(child)
+        _child(**args)
+        return
+    with tool_errors("npuw_memory_timeline"):
+        from ovspec.ir.model_dir import resolve_model
+
+        model_dir = str(resolve_model(model, DEFAULT_MODELS_DIR.parent / "npu" / "models").root)
+        results: dict[str, Any] = {}
+        for bank in [True, False] if no_bank else [True]:
+            with tempfile.TemporaryDirectory(prefix="ovspec-npuw-memory-") as store:
+                for start in ("cold", "warm"):
+                    arm = f"{start}{'' if bank else ', no bank'}"
+                    click.echo(f"npuw_memory_timeline: {arm}", err=True)
+                    args = dict(
+                        model_dir=model_dir,
+                        store=store,
+                        ladder=ladder,
+                        prompt=prompt_tokens,
+                        new=new_tokens,
+                        bank=bank,
+                    )
+                    done = subprocess.run(
+                        [sys.executable, __file__, "--child", json.dumps(args)],
+                        capture_output=True,
+                        text=True,
+                    )
+                    if done.returncode != 0:
+                        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                        raise OvspecError(f"the {arm} run failed: {last}")
+                    results[arm] = json.loads(done.stdout.strip().splitlines()[-1])
+    if as_json:
+        click.echo(json.dumps(results, indent=1))
+        return
+    click.echo(f"{model}, ladder {ladder}, {prompt_tokens}-token prompt then {new_tokens} tokens")
+    click.echo("arm                 peak RSS (MiB)  at (s)   end RssAnon  end RssFile (MiB)")
+    for arm, r in results.items():
+        click.echo(
+            f"{arm:<18} {r['peak']['VmRSS']:>15.0f} {r['peak_s']:>7.2f} "
+            f"{r['end']['RssAnon']:>12.0f} {r['end']['RssFile']:>12.0f}"
+        )
+        if events:
+            for e in r["events"]:
+                click.echo(
+                    f"    {e['s']:7.2f} s  anon {e['RssAnon']:6.0f}  file {e['RssFile']:6.0f}  "
+                    f"{e['event']} ({e['thread']})"
+                )
+
+
+if __name__ == "__main__":
+    main()
