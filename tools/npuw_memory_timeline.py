@@ -90,7 +90,9 @@ def _child(model_dir: str, store: str, ladder: str, prompt: int, new: int, bank:
         decode(loader, ids, max_new_tokens=new)
         event("decoded")
         end = _status_mib()
+    # The peak is VmHWM (exact); its time, the highest 20 ms sample's.
     peak_s, peak = max(samples, key=lambda s: s[1]["VmRSS"])
+    peak = {**peak, "VmRSS": end["VmHWM"]}
     print(json.dumps({"peak_s": round(peak_s, 2), "peak": peak, "end": end, "events": events}))
 
 
@@ -143,7 +145,10 @@ def main(
                     if done.returncode != 0:
                         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
                         raise OvspecError(f"the {arm} run failed: {last}")
-                    results[arm] = json.loads(done.stdout.strip().splitlines()[-1])
+                    try:
+                        results[arm] = json.loads(done.stdout.strip().splitlines()[-1])
+                    except (IndexError, ValueError) as exc:
+                        raise OvspecError(f"the {arm} run printed no results: {exc}") from exc
     if as_json:
         click.echo(json.dumps(results, indent=1))
         return

@@ -53,8 +53,10 @@ def test_the_tool_runs_end_to_end_and_writes_its_page(tmp_path: Path) -> None:
     assert sorted(r["arm"] for r in runs) == [
         "genai-npu", "genai-npu-cached", "genai-npu-pyramid", "ovspec-npu", "ovspec-npu-warm"
     ]  # fmt: skip
-    # The warm pair's stores were primed: genai's CACHE_DIR holds OpenVINO's blob.
+    # The warm pair's stores were primed: genai's CACHE_DIR holds OpenVINO's blob, and no
+    # measured run added to it (it imported, compiling nothing).
     assert list((tmp_path / "work" / "store-genai-npu-cached").glob("*.blob"))
+    assert [r["cache_files_added"] for r in runs if r["arm"] == "genai-npu-cached"] == [0]
     assert all(len(r["token_ids"]) == 30 for r in runs)
     assert results["cases"]["custom"]["config"]["genai_context"] == {
         "MAX_PROMPT_LEN": "64",

@@ -279,7 +279,9 @@ def test_npuw_rungs_infer_on_the_device_cores_whoever_imported_them(tmp_path: Pa
             decode_s = spent.pop(threading.get_native_id())
             # More than a trace of the decode thread's own time (callbacks on the host
             # core took ~4% of it).
-            serving = {t for t, s in spent.items() if s > 0.01 * decode_s}
+            # ovspec's own threads (the loader's worker, the weight-page trimmer polling
+            # /proc) serve no inference: they are the host's, checked above.
+            serving = {t for t, s in spent.items() if s > 0.01 * decode_s and t not in workers}
             assert serving, "NPUW ran no subgraph off the calling thread"
             assert {thread_affinities().get(t) for t in serving} <= {split.device}
 

@@ -306,12 +306,13 @@ def test_without_pagemap_the_trimmer_drops_on_rss_file_growth(
 
 
 @needs_madvise
-def test_npuw_drops_the_pages_a_cold_store_maps_and_a_warm_store_maps_none(
+def test_npuw_drops_the_pages_a_cold_store_maps_and_a_warm_store_reads_no_model(
     tiny_dir: Path, store: Store
 ) -> None:
     """NPUW on CPU keeps its weights in host memory: by default the compile and export
     that fill a cold store leave the .bin's pages to the trimmer; a warm store imports its
-    blobs without reading the IR into a model, so nothing is mapped to trim."""
+    blobs without reading the IR into a model, so the trimmer has no anchor (the host
+    embedding lookup maps the .bin for the rows it reads, no more)."""
     npuw = {"NPUW_DEVICES": "CPU", **profile_for("NPU", {"NPUW_DEVICES": "CPU"}).exact_properties}
     prompt = np.random.default_rng(6).integers(3, 2048, 40).tolist()
     small = max(_weights_size(tiny_dir) // 8, 1 << 18)

@@ -266,7 +266,10 @@ def _render(results: Mapping[str, Any], page: str) -> str:
         f"({_properties_note(results['properties'])}). "
         f"Wall time {results['wall_s'] / 60:.1f} min.",
         "",
-        _cores_note(results.get("split"), bool(_warm_note(cases))),
+        _cores_note(
+            results.get("split"),
+            any(r["arm"] == CACHED_REFERENCE_ARM for c in cases.values() for r in c["runs"]),
+        ),
         "",
         "genai is configured for the same maximum context as ovspec's top rung: "
         "`MAX_PROMPT_LEN` is the prompt rounded up to 64 tokens (NPUW's alignment), "

@@ -78,7 +78,8 @@ class NpuwProfile(NpuProfile):
     # across fresh processes; all else is byte-identical).
     volatile_blob_tail: ClassVar[tuple[int, int] | None] = (40, 8)
     # Subgraphs on host subdevices hold their weights in host memory; a compile and its
-    # export map the whole .bin in (~1 GiB on the 0.5B preset), read by nothing after.
+    # export map the whole .bin in (~1 GiB on the 0.5B preset), read again only by the
+    # next rung's compile (a dropped page faults back in).
     trims_weight_pages: ClassVar[bool] = True
 
     @classmethod
