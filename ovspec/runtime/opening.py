@@ -93,7 +93,7 @@ def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
         load_mode=mode,
         rewrites=options.rewrites if options.rewrites is not None else profile.default_rewrites,
         cores=cores,
-        trim_weight_pages=_trims_weight_pages(tuning.trim_weight_pages, profile, mode),
+        trim_weight_pages=_trims_weight_pages(tuning.trim_weight_pages, profile, mode, cores),
         halve_prompt_graph=_halves_prompt_graph(
             tuning.halve_prompt_graph, profile, mode, options.policy
         ),
@@ -292,13 +292,17 @@ def _weight_pages(
     return trimmer
 
 
-def _trims_weight_pages(asked: bool | None, profile: DeviceProfile, mode: LoadMode) -> bool:
+def _trims_weight_pages(
+    asked: bool | None, profile: DeviceProfile, mode: LoadMode, cores: CoreSplit | None
+) -> bool:
     reason = WeightPageTrimmer.unsupported_reason()
     if asked and reason is not None:
         raise BadRequestError(f"{arg('trim_weight_pages')} cannot run here: {reason}")
     if asked is None:
-        # Import mode too: a cold store compiles and exports its blobs from the IR.
-        return reason is None and profile.trims_weight_pages and mode is not LoadMode.PAGED
+        # Import mode too, where this process compiles its cold store's blobs from the IR;
+        # under the split a host process builds them and this one never reads the IR.
+        from_ir = mode is LoadMode.COMPILE or (mode is LoadMode.IMPORT and cores is None)
+        return reason is None and profile.trims_weight_pages and from_ir
     return asked
 
 

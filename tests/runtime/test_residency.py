@@ -331,3 +331,20 @@ def test_npuw_drops_the_pages_a_cold_store_maps_and_a_warm_store_reads_no_model(
                 time.sleep(0.05)
             assert _resident_bytes_at(address) <= small
     assert tokens[0] == tokens[1]
+
+
+@needs_madvise
+def test_the_trimmer_is_on_by_default_only_where_this_process_reads_the_ir() -> None:
+    from ovspec.compile.split import CoreSplit
+    from ovspec.runtime.opening import _trims_weight_pages
+
+    cpu, npuw = profile_for("CPU"), profile_for("NPU", {"NPUW_DEVICES": "CPU"})
+    split = CoreSplit((0,), (1,))
+    for profile in (cpu, npuw):
+        assert _trims_weight_pages(None, profile, LoadMode.COMPILE, None)
+        assert _trims_weight_pages(None, profile, LoadMode.IMPORT, None)  # a cold store
+        # Under the split a host process builds every blob: this one never reads the IR.
+        assert not _trims_weight_pages(None, profile, LoadMode.IMPORT, split)
+    assert not _trims_weight_pages(None, cpu, LoadMode.PAGED, None)
+    assert not _trims_weight_pages(None, profile_for("NPU"), LoadMode.IMPORT, None)
+    assert _trims_weight_pages(True, npuw, LoadMode.IMPORT, split)  # asked for
