@@ -307,7 +307,8 @@ def _warm_note(cases: Mapping[str, Any]) -> str:
         "`CACHE_DIR` and "
         f"`{OVSPEC_WARM_ARM}` is `ovspec-npu` with its store, each primed by one "
         "unmeasured run before the repetitions (a user's second start: imports, no "
-        "compile); their ratios compare the two warm arms."
+        "compile); their ratios compare the two warm arms, held to the same targets as "
+        "the cold pair's."
     )
 
 
