@@ -300,7 +300,7 @@ def _render(results: Mapping[str, Any], page: str) -> str:
 
 def _warm_note(cases: Mapping[str, Any]) -> str:
     """The warm pair's sentence, where a case ran it."""
-    if not any(_pairs(c["runs"])[-1:] == [PAIRS[-1]] for c in cases.values()):
+    if not any(PAIRS[-1] in _pairs(c["runs"]) for c in cases.values()):
         return ""
     return (
         f" The warm pair: `{CACHED_REFERENCE_ARM}` is `genai-npu` with OpenVINO's "
@@ -315,14 +315,14 @@ def _warm_note(cases: Mapping[str, Any]) -> str:
 def _summary(name: str, case: Mapping[str, Any]) -> str:
     config, runs = case["config"], case["runs"]
     parts = []
+    pairs = _pairs(runs)
     for label, metric, _digits, target in _figures(config):
         if target is None:
             continue
-        pairs = _pairs(runs)
         verdicts = [at_most(ratio_interval(runs, p, metric, m), target) for m, p in pairs]
         parts.append(f"{label.split(' (')[0]} ≤ {target:.1f}×: " + _joined(verdicts))
     parts.append(_tokens_summary(runs))
-    return f"- `{name}`, {_pairs_label(_pairs(runs))}: " + "; ".join(parts) + "."
+    return f"- `{name}`, {_pairs_label(pairs)}: " + "; ".join(parts) + "."
 
 
 def _pairs_label(pairs: Sequence[tuple[str, str]]) -> str:

@@ -79,7 +79,8 @@ class NpuwProfile(NpuProfile):
     volatile_blob_tail: ClassVar[tuple[int, int] | None] = (40, 8)
     # Subgraphs on host subdevices hold their weights in host memory; a compile and its
     # export map the whole .bin in (~1 GiB on the 0.5B preset), read again only by the
-    # next rung's compile (a dropped page faults back in).
+    # next rung's compile and, a few rows a token, the host embedding lookup (a dropped
+    # page faults back in).
     trims_weight_pages: ClassVar[bool] = True
 
     @classmethod
