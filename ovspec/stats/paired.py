@@ -366,6 +366,31 @@ def _paired_t(diffs: npt.NDArray[np.float64], confidence: float) -> PairedTTest:
     )
 
 
+def pairs_to_resolve(
+    summary: PairedSummary, half_width: float, *, most_pairs: int = 100_000
+) -> int | None:
+    """How many pairs would give the mean difference a CI no wider than ``half_width``
+    either side, at the summary's confidence and its pairs' standard deviation (the
+    smallest such n; None past ``most_pairs``). Planning arithmetic: it assumes the SD
+    measured from n pairs is the true one."""
+    if not (math.isfinite(half_width) and half_width > 0):
+        raise BadRequestError(f"half-width {half_width!r} is not a positive number")
+    t = summary.t_test
+    quantile = 0.5 + t.confidence / 2.0
+    sd = (t.ci_high - t.ci_low) / 2.0 / float(sps.t.ppf(quantile, t.df)) * math.sqrt(t.df + 1)
+
+    def half(n: int) -> float:
+        return float(sps.t.ppf(quantile, n - 1)) * sd / math.sqrt(n)
+
+    if half(most_pairs) > half_width:
+        return None
+    low, high = 2, most_pairs  # half(n) falls with n: bisect for the first n that fits
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if half(mid) <= half_width else (mid + 1, high)
+    return low
+
+
 def summarize_pairs(
     a: npt.ArrayLike,
     b: npt.ArrayLike,

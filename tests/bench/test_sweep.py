@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ovspec.bench.sweep.autopage import auto_verdict
+from ovspec.bench.sweep.autopage import auto_section, auto_verdict
 from ovspec.bench.sweep.page import render
 from ovspec.bench.sweep.runner import SweepGrid, parse_ladders, run_sweep
 from ovspec.compile.split import CoreSplit
@@ -149,3 +149,28 @@ def test_the_estimate_adds_each_runs_overhead_and_drops_the_bands_past_the_top()
     assert cell.seconds == pytest.approx(3 * (3 * 10.0 + 12.0) + 10.0)
     other = SweepGrid(("small",), parse_ladders(["d=128,256"]), ("none",), 64, 3)
     assert estimate(document, other)[0].seconds is None
+
+
+def test_the_page_says_how_many_pairs_would_resolve_two_percent(
+    tiny_sweep: dict[str, Any],
+) -> None:
+    (cell,) = tiny_sweep["cells"]
+
+    def with_spread(jitter: float) -> dict[str, Any]:
+        # auto equal to B0 on average, its pairs spread by ``jitter`` seconds either way.
+        def path_s(run: dict[str, Any]) -> float:
+            b0 = 1.0 + 0.01 * run["repetition"]
+            if run["protocol"] == "auto":
+                return b0 + jitter * (1 if run["repetition"] % 2 else -1)
+            return b0 if run["protocol"] == "B0" else 2.0 * b0
+
+        return {**cell, "runs": [{**r, "critical_path_s": path_s(r)} for r in cell["runs"]]}
+
+    tight, loose = auto_verdict(with_spread(0.0001)), auto_verdict(with_spread(0.05))
+    assert tight is not None and loose is not None
+    assert tight.pairs_to_resolve_not_worse is not None
+    assert loose.pairs_to_resolve_not_worse is not None
+    assert tight.pairs_to_resolve_not_worse <= 2 < loose.pairs_to_resolve_not_worse
+    page = "\n".join(auto_section([with_spread(0.05)]))
+    assert f"| {loose.pairs_to_resolve_not_worse} |" in page
+    assert "Resolution: the sweep ran 2 pairs per cell" in page and "0 of 1 cells" in page

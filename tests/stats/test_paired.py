@@ -21,6 +21,7 @@ from ovspec.stats.paired import (
     PairedSummary,
     SignFlipMethod,
     format_summary,
+    pairs_to_resolve,
     sign_flip_test,
     summarize_pairs,
 )
@@ -356,3 +357,25 @@ def test_format_summary_flags_monte_carlo() -> None:
     assert "Monte-Carlo sign-flip p ≈" in text
     assert "2000 draws, seed 9" in text
     assert "cannot reach" not in text
+
+
+def test_pairs_to_resolve_finds_the_first_n_whose_interval_fits() -> None:
+    rng = np.random.default_rng(3)
+    a = rng.normal(10.0, 1.0, 6)
+    b = a + rng.normal(0.0, 0.5, 6)
+    summary = summarize_pairs(a, b)
+    sd = float(np.std(b - a, ddof=1))
+    for half_width in (0.5, 0.1, 0.02):
+        n = pairs_to_resolve(summary, half_width)
+        assert n is not None
+
+        def half(k: int) -> float:
+            return float(sps.t.ppf(0.975, k - 1)) * sd / math.sqrt(k)
+
+        assert half(n) <= half_width < half(n - 1)
+    # The interval the summary has is resolved by its own pair count, not fewer.
+    own = (summary.t_test.ci_high - summary.t_test.ci_low) / 2
+    assert pairs_to_resolve(summary, own * 1.000001) == 6
+    assert pairs_to_resolve(summary, 1e-9, most_pairs=1000) is None
+    with pytest.raises(BadRequestError):
+        pairs_to_resolve(summary, 0.0)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ovspec.bench.protocols.metrics import RunFigures
 from ovspec.errors import TrialError
-from ovspec.stats.paired import PairedSummary, summarize_pairs
+from ovspec.stats.paired import PairedSummary, pairs_to_resolve, summarize_pairs
 
 FIXED = ("B0", "I1", "I2")
 AUTO = "auto"
@@ -36,6 +36,13 @@ class AutoVerdict:
     def not_worse(self) -> bool:
         s = self.vs_best
         return s is not None and s.t_test.ci_high <= NOT_WORSE_RELATIVE * s.mean_a
+
+    @property
+    def pairs_to_resolve_not_worse(self) -> int | None:
+        """Pairs whose auto − best interval would be +-2% of best wide at the SD these
+        pairs show: the most a true difference of 0 needs to be called not worse."""
+        s = self.vs_best
+        return None if s is None else pairs_to_resolve(s, NOT_WORSE_RELATIVE * s.mean_a)
 
     @property
     def faster_than_i2(self) -> bool:
@@ -117,6 +124,24 @@ def _relative(s: PairedSummary | None) -> str:
     return f"{100 * s.relative_change:+.1f}% [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
+def _pairs(n: int | None) -> str:
+    return "n/a" if n is None else f"{n}"
+
+
+def _resolution_line(needed: list[int | None], runs: int) -> str:
+    """Whether the ±2% bound is within what the sweep's pairs can resolve."""
+    known = sorted(n for n in needed if n is not None)
+    beyond = len(needed) - len(known)
+    span = f"{known[0]}–{known[-1]}" if known else "none"
+    return (
+        f"Resolution: the sweep ran {runs} pairs per cell; an auto − best interval of ±2% "
+        f"would take {span} pairs per cell at the spread measured here"
+        + (f" ({beyond} cell(s) past 100,000)" if beyond else "")
+        + f"; {sum(1 for n in known if n <= runs)} of {len(needed)} cells are resolved at "
+        f"{runs}."
+    )
+
+
 def auto_section(cells: list[Mapping[str, Any]]) -> list[str]:
     """The page's lines for auto; empty when no cell ran it."""
     verdicts = [v for v in (auto_verdict(c) for c in cells) if v is not None]
@@ -129,20 +154,26 @@ def auto_section(cells: list[Mapping[str, Any]]) -> list[str]:
         "auto − best fixed and auto − I2: critical path, paired by repetition, mean relative "
         "change [95% CI] (negative: auto is faster). *Not worse*: the interval's upper end "
         f"is at most +{100 * NOT_WORSE_RELATIVE:.0f}% of the best fixed policy's mean (the best "
-        "is picked from the same runs). *Faster than I2*: the interval excludes 0.",
+        "is picked from the same runs). *Pairs for ±2%*: how many pairs would make the "
+        "auto − best interval ±2% of best wide at the spread these pairs show (were the true "
+        "difference 0). *Faster than I2*: the interval excludes 0.",
         "",
-        "| cell | auto's schedule (runs) | best fixed | auto − best | not worse | auto − I2 "
-        "| faster than I2 | I2 pays |",
-        "|---|---|---|---|---|---|---|---|",
+        "| cell | auto's schedule (runs) | best fixed | auto − best | not worse "
+        "| pairs for ±2% | auto − I2 | faster than I2 | I2 pays |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for v in verdicts:
         chosen = "; ".join(f"{k} ({n})" for k, n in v.schedules.items())
         lines.append(
             f"| {v.label} | {chosen} | {v.best} | {_relative(v.vs_best)} | "
-            f"{'yes' if v.not_worse else '**no**'} | {_relative(v.vs_i2)} | "
+            f"{'yes' if v.not_worse else '**no**'} | {_pairs(v.pairs_to_resolve_not_worse)} | "
+            f"{_relative(v.vs_i2)} | "
             f"{'yes' if v.faster_than_i2 else 'no'} | {'yes' if v.i2_pays else 'no'} |"
         )
     no_pay = [v for v in verdicts if not v.i2_pays]
+    needed = [v.pairs_to_resolve_not_worse for v in verdicts if v.vs_best is not None]
+    runs = min((v.vs_best.n_pairs for v in verdicts if v.vs_best is not None), default=0)
+    lines += ["", _resolution_line(needed, runs)] if needed else []
     lines += [
         "",
         f"auto is not worse than the best fixed policy in {sum(v.not_worse for v in verdicts)} "
