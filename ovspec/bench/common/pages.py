@@ -30,6 +30,7 @@ RENDERERS: dict[str, str] = {
     "long-context": "ovspec.bench.long.page:render",
     "npu-plugin": "ovspec.bench.npu.page:render",
     "npu-plugin-shared-cores": "ovspec.bench.npu.page:render_shared_cores",
+    "noise-floor": "ovspec.bench.noise.page:render",
     "npu-weights": "ovspec.bench.npu.weights_page:render",
     "overlap": "ovspec.bench.overlap.analysis:render",
     "reliability": "ovspec.bench.faults.page:render",
