@@ -101,7 +101,7 @@ class Compiler:
         self._shared_rung: int | None = None
         # Completed in ``key`` once the weights' digest is known.
         self._compile_properties: dict[str, str] | None = None
-        self._core = ov.Core()
+        self.core = ov.Core()  # what this compiler compiles and imports with
         self._prepared = PreparedModel(model_dir, self.compression, llm)
         if load_mode is LoadMode.COMPILE and self.compression.mode is CompressionMode.NONE:
             # Every graph compiles from the IR: read and prepare it while the device is
@@ -109,8 +109,8 @@ class Compiler:
             # minutes for NNCF to refuse.
             self._prepared.start()
         try:
-            self.facts: DeviceFacts = self.profile.resolve(self._core, self.properties)
-            self.profile.configure_core(self._core, self.properties)
+            self.facts: DeviceFacts = self.profile.resolve(self.core, self.properties)
+            self.profile.configure_core(self.core, self.properties)
         except BaseException:
             self._prepared.settle()
             raise
@@ -207,7 +207,7 @@ class Compiler:
                 "device": self.facts.device,
                 "device_architecture": self.facts.architecture,
                 "openvino": ov.get_version(),
-                "compiler": compiler_version(self._core, self.facts),
+                "compiler": compiler_version(self.core, self.facts),
                 "properties": self.profile.key_properties(self._compile_properties),
                 "patch": self.patch_id,
             }
@@ -388,7 +388,7 @@ class Compiler:
         # the file's pages in place without copying the blob through Python bytes.
         backing = np.frombuffer(mapping, dtype=np.uint8)
         try:
-            compiled = self._core.import_model(
+            compiled = self.core.import_model(
                 ov.Tensor(backing, shared_memory=True), self.device, self.import_properties()
             )
         except RuntimeError as exc:
@@ -456,7 +456,7 @@ class Compiler:
         if cut is None:  # the model is untouched
             return self._compile_whole(spec, properties, model)
         try:
-            compiled = compile_halves(self._core, cut, self.device, properties)
+            compiled = compile_halves(self.core, cut, self.device, properties)
         except RuntimeError as exc:
             raise CompileError(
                 f"{self.device} failed to compile {spec.label}: {openvino_message(exc)}"
@@ -469,7 +469,7 @@ class Compiler:
         model = model if model is not None else self.specialize(spec)
         began = time.perf_counter()
         try:
-            compiled = self._core.compile_model(model, self.device, dict(properties))
+            compiled = self.core.compile_model(model, self.device, dict(properties))
         except RuntimeError as exc:
             raise CompileError(
                 f"{self.device} failed to compile {spec.label}: {openvino_message(exc)}"

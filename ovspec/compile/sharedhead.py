@@ -277,7 +277,7 @@ class SharedEnds:
         properties = {**properties, **compiler.profile.part_properties(compiler.properties)}
         began = time.perf_counter()
         try:
-            compiled = compiler._core.compile_model(model, compiler.device, properties)
+            compiled = compiler.core.compile_model(model, compiler.device, properties)
         except RuntimeError as exc:
             raise CompileError(
                 f"{compiler.device} failed to compile {label}: {openvino_message(exc)}"

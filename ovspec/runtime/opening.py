@@ -145,6 +145,8 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
             delegate=builder,
         )
         stack.callback(compiler.close)  # and the IR it may be reading ahead
+        if cores is None:  # under the split, SplitPins places this process's threads
+            decided.profile.configure_loader_core(compiler.core, decided.properties)
         if options.kv_layout is not None:  # a ladder the layout refuses: before any compile
             top = Specialization.decode(options.ladder.top_tokens)
             choose_layout(options.kv_layout, compiler.roles(top), options.ladder)

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openvino as ov
@@ -13,9 +16,11 @@ import pytest
 from conftest import load_llm
 
 import ovspec
+import ovspec.runtime.decoding as runtime
 from ovspec.compile.devices import CpuProfile, NpuProfile, NpuwProfile, profile_for
 from ovspec.compile.devices.npuw import PLUGIN_MODE, USE_NPUW
 from ovspec.compile.modes import LoadMode
+from ovspec.compile.split import CoreSplit
 from ovspec.compile.worker import blob_identity_hash
 from ovspec.errors import DeviceError
 from ovspec.ir.headcut import HIDDEN_OUTPUT
@@ -198,14 +203,19 @@ def test_a_blob_identity_reads_the_volatile_tail_as_zeros(tmp_path: Path) -> Non
 
 
 _EXPORT = """
-import sys, openvino as ov
+import json, sys, openvino as ov
 from pathlib import Path
 from ovspec.compile.devices import profile_for
 from ovspec.ir.specialize import Specialization, prepare, read_ir
-npuw = {"NPUW_DEVICES": "CPU"}
-properties = profile_for("NPU", npuw).required_properties(npuw)
+npuw = {"NPUW_DEVICES": "CPU", **(json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})}
+profile = profile_for("NPU", npuw)
+properties = profile.required_properties(npuw)
 model = prepare(read_ir(Path(sys.argv[1]))).specialize(Specialization.decode(32))
-blob = ov.Core().compile_model(model, "NPU", properties).export_model()
+core = ov.Core()
+if len(sys.argv) > 4:  # configured as a loader's Core
+    profile.configure_core(core, properties)
+    profile.configure_loader_core(core, properties)
+blob = core.compile_model(model, "NPU", properties).export_model()
 Path(sys.argv[2]).write_bytes(blob.getbuffer())
 """
 
@@ -226,3 +236,97 @@ def test_two_fresh_processes_export_the_same_blob_but_its_volatile_tail(
     )
     tail = NpuwProfile.volatile_blob_tail
     assert blob_identity_hash(blobs[0], tail) == blob_identity_hash(blobs[1], tail)
+
+
+_IMPORT_THREADS = """
+import json, os, sys, threading, openvino as ov
+from pathlib import Path
+from ovspec.compile.devices import profile_for
+from ovspec.ir.specialize import Specialization, prepare, read_ir
+xml, host, extra = Path(sys.argv[1]), {int(sys.argv[2])}, json.loads(sys.argv[3])
+npuw = {"NPUW_DEVICES": "CPU", **extra}
+profile = profile_for("NPU", npuw)
+properties = profile.required_properties(npuw)
+core = ov.Core()
+profile.configure_core(core, properties)
+profile.configure_loader_core(core, properties)  # as a loader's Core with no split
+model = prepare(read_ir(xml)).specialize(Specialization.decode(32))
+blob = core.compile_model(model, "NPU", properties).export_model()
+def tasks():
+    return {int(t) for t in os.listdir("/proc/self/task")}
+before, kept = tasks(), []
+def load():
+    os.sched_setaffinity(0, host)  # the loader's worker, on the host core
+    kept.append(core.import_model(blob, "NPU", properties))
+worker = threading.Thread(target=load)
+worker.start()
+worker.join()
+made = tasks() - before
+print(json.dumps(sorted({c for t in made for c in os.sched_getaffinity(t)})))
+"""
+
+
+def _cores_of_threads_an_import_makes(xml: Path, host: int, extra: dict[str, str]) -> set[int]:
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_THREADS, str(xml), str(host), json.dumps(extra)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return set(json.loads(out.stdout))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a device and a host core")
+def test_an_import_on_a_loaders_core_keeps_its_threads_on_the_importing_cores(
+    qwen2_dir: Path,
+) -> None:
+    """Unpinned (a loader's default with no split), an import's new threads take the importing
+    thread's host core; asked to pin (the control), the CPU subdevice pins some of them
+    to the other cores, the decode's among them."""
+    xml = qwen2_dir / "openvino_model.xml"
+    host = max(os.sched_getaffinity(0))
+    assert _cores_of_threads_an_import_makes(xml, host, {}) <= {host}
+    pinned = _cores_of_threads_an_import_makes(xml, host, {"ENABLE_CPU_PINNING": "YES"})
+    assert pinned - {host}, pinned
+
+
+def test_the_cores_configuration_leaves_the_blob_as_it_was(qwen2_dir: Path, tmp_path: Path) -> None:
+    """A Core configured as a loader's (CPU pinning off) exports the same blob as a plain
+    one (the volatile tail aside); the control, a bank name NPUW writes into the blob,
+    does not."""
+    xml = qwen2_dir / "openvino_model.xml"
+    arms = {
+        "plain": ["{}"],
+        "configured": ["{}", "configure"],
+        "control": [json.dumps({"NPUW_WEIGHTS_BANK": "a-control-bank"})],
+    }
+    tail = NpuwProfile.volatile_blob_tail
+    identity = {}
+    for name, extra in arms.items():
+        blob = tmp_path / f"{name}.blob"
+        subprocess.run([sys.executable, "-c", _EXPORT, str(xml), str(blob), *extra], check=True)
+        identity[name] = blob_identity_hash(blob, tail)
+    assert identity["configured"] == identity["plain"]
+    assert identity["control"] != identity["plain"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the split needs two cores")
+def test_a_loader_unpins_its_cpu_subdevice_unless_split_or_asked(
+    fixture_dir: Path, tmp_path: Path
+) -> None:
+    def pinning(properties: dict[str, str], **tuning: Any) -> bool:
+        with ovspec.open(
+            fixture_dir,
+            ladder="32,64",
+            device="NPU",
+            properties=properties,
+            store=tmp_path / "s",
+            tuning=runtime.Tuning(**tuning),
+        ) as loader:
+            return bool(loader._compiler.core.get_property("CPU", "ENABLE_CPU_PINNING"))
+
+    default = bool(ov.Core().get_property("CPU", "ENABLE_CPU_PINNING"))  # this machine's
+    assert pinning(EXACT) is False
+    assert pinning({**EXACT, "ENABLE_CPU_PINNING": "YES"}) is True  # asked: as asked
+    # Under the split SplitPins places the threads, with the device's own pinning beside.
+    assert pinning(EXACT, split=CoreSplit.default()) is default

@@ -144,8 +144,8 @@ def test_a_ladder_compiles_its_head_once_and_an_embedding_per_chunk(
         rewrites=_with(rewrites, CUTS),
         load_mode=LoadMode(load_mode),
     )
-    counting = _CountingCore(compiler._core)
-    compiler._core = counting  # type: ignore[assignment]
+    counting = _CountingCore(compiler.core)
+    compiler.core = counting  # type: ignore[assignment]
     try:
         specs = [Specialization.decode(c) for c in (32, 64, 128, 256)]
         programs = [compiler.load(s) for s in [Specialization.prefill(32, 16), *specs]]

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import openvino as ov
 
+from ovspec.compile.devices.cpu import PINNING_PROPERTY
 from ovspec.compile.devices.facts import (
     DeviceFacts,
     absent_device_message,
@@ -164,6 +165,16 @@ class NpuwProfile(NpuProfile):
             forwarded = self.subdevice_properties(core, subdevice, properties)
             if forwarded:
                 core.set_property(subdevice, forwarded)
+
+    def configure_loader_core(self, core: ov.Core, properties: Mapping[str, str]) -> None:
+        """CPU subdevices' thread pinning off unless asked, as the CPU profile's loader has
+        it: pinned, each import makes stream threads pinned to every core, the decode's
+        among them, whose work slows the decode while the import runs; unpinned they take
+        the importing thread's cores (docs/npu.md). Core-wide, not in the compile config:
+        NPUW writes that into its export, so the blob and its key stay as they were."""
+        for subdevice in _subdevices(properties):
+            if device_family(subdevice) == "CPU" and PINNING_PROPERTY not in properties:
+                core.set_property(subdevice, {PINNING_PROPERTY: "NO"})
 
     def resolve(self, core: ov.Core, properties: Mapping[str, str]) -> DeviceFacts:
         """The subdevices must be here; the NPU device need not be."""

@@ -141,6 +141,10 @@ class DeviceProfile:
         """Set on the Core that compiles and imports what the device does not take from
         a compile or import config (nothing, for most devices)."""
 
+    def configure_loader_core(self, core: ov.Core, properties: Mapping[str, str]) -> None:
+        """Set on a loader's Core (one that imports beside a decode in its process, no
+        device/host split) what the device takes Core-wide only (nothing, for most)."""
+
     def key_properties(self, properties: Mapping[str, str]) -> str:
         """The compile properties that can change a blob on this device, canonicalized."""
         return canonical_key_properties(properties, self.blob_neutral_properties)
