@@ -145,7 +145,7 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
             delegate=builder,
         )
         stack.callback(compiler.close)  # and the IR it may be reading ahead
-        if cores is None:  # under the split, SplitPins places this process's threads
+        if cores is None:  # under the split OpenVINO's pinning keeps inference on the device
             decided.profile.configure_loader_core(compiler.core, decided.properties)
         if options.kv_layout is not None:  # a ladder the layout refuses: before any compile
             top = Specialization.decode(options.ladder.top_tokens)
