@@ -169,7 +169,7 @@ class NpuwProfile(NpuProfile):
     def configure_loader_core(self, core: ov.Core, properties: Mapping[str, str]) -> None:
         """CPU subdevices' thread pinning off unless asked, as the CPU profile's loader has
         it: pinned, each import makes stream threads pinned to every core, the decode's
-        among them, whose work slows the decode while the import runs; unpinned they take
+        among them, whose work competes with the decode while it runs; unpinned they take
         the importing thread's cores (docs/npu.md). Core-wide, not in the compile config:
         NPUW writes that into its export, so the blob and its key stay as they were."""
         for subdevice in _subdevices(properties):
