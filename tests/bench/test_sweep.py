@@ -174,3 +174,22 @@ def test_the_page_says_how_many_pairs_would_resolve_two_percent(
     page = "\n".join(auto_section([with_spread(0.05)]))
     assert f"| {loose.pairs_to_resolve_not_worse} |" in page
     assert "Resolution: the sweep ran 2 pairs per cell" in page and "0 of 1 cells" in page
+
+
+def test_the_page_shows_autos_predicted_last_token_beside_the_measured(
+    tiny_sweep: dict[str, Any],
+) -> None:
+    (cell,) = tiny_sweep["cells"]
+    plans = {
+        k: {**p, "predicted": {**p["predicted"], "finished_s": 1.0 + int(k)}}
+        for k, p in cell["auto_plans"].items()
+    }
+    runs = [
+        {**r, "critical_path_s": 3.0 + r["repetition"]} if r["protocol"] == "auto" else r
+        for r in cell["runs"]
+    ]
+    verdict = auto_verdict({**cell, "auto_plans": plans, "runs": runs})
+    assert verdict is not None
+    assert verdict.predicted_s == pytest.approx(1.5) and verdict.measured_s == pytest.approx(3.5)
+    page = "\n".join(auto_section([{**cell, "auto_plans": plans, "runs": runs}]))
+    assert "| 1.50 → 3.50 |" in page
