@@ -28,8 +28,8 @@ from ovspec.bench.noise.page import PAGE, aa_pairs, render
 from ovspec.bench.noise.probe import ProbeRequest
 from ovspec.bench.noise.runner import results_document, run_processes
 from ovspec.cli import tool_errors
-from ovspec.compile.split import CoreSplit
-from ovspec.errors import BadRequestError
+from ovspec.compile.split import CoreSplit, usable_cores
+from ovspec.errors import BadRequestError, TrialError
 from ovspec.ir.model_dir import resolve_model
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 from ovspec.stats.paired import PairedSummary
@@ -40,7 +40,13 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", default="builtin:small", show_default=True)
 @click.option("--capacity", type=click.IntRange(min=1), default=1024, show_default=True)
-@click.option("--processes", type=click.IntRange(min=2), default=12, show_default=True)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=4),
+    default=12,
+    show_default=True,
+    help="Fresh processes, paired in turn for the A/A interval (2 pairs at least).",
+)
 @click.option("--steps", type=click.IntRange(min=1), default=1500, show_default=True)
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=50, show_default=True)
 @click.option("--control-steps", type=click.IntRange(min=1), default=3000, show_default=True)
@@ -74,6 +80,10 @@ def main(
             if split is None:
                 raise BadRequestError("one usable core: give --core")
             core = split.device[0]
+        if core not in usable_cores():
+            raise BadRequestError(
+                f"--core {core} is not one of this process's cores {usable_cores()}"
+            )
         load_start = load_average()
         began = time.perf_counter()
         model_dir = resolve_model(model, Path(tmp) / "models")
@@ -106,8 +116,10 @@ def main(
         ("control", "control_s", 1e6, "us"),
     ):
         means = [scale * sum(r[key]) / len(r[key]) for r in runs]
-        summary = aa_pairs(means)
-        spread = "" if summary is None else f"; A/A {_interval(summary)}"
+        try:
+            spread = f"; A/A {_interval(aa_pairs(means))}"
+        except TrialError as exc:
+            spread = f"; no A/A interval: {exc}"
         click.echo(f"{name}: process means {min(means):.3f}-{max(means):.3f} {unit}{spread}")
     click.echo(f"wrote {page}")
 

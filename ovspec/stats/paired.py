@@ -372,9 +372,12 @@ def pairs_to_resolve(
     """How many pairs would give the mean difference a CI no wider than ``half_width``
     either side, at the summary's confidence and its pairs' standard deviation (the
     smallest such n; None past ``most_pairs``). Planning arithmetic: it assumes the SD
-    measured from n pairs is the true one."""
+    measured from n pairs is the true one. A floor, not a power calculation: at a true
+    difference of 0, an interval this wide ends below ``half_width`` about half the time."""
     if not (math.isfinite(half_width) and half_width > 0):
         raise BadRequestError(f"half-width {half_width!r} is not a positive number")
+    if most_pairs < 2:
+        raise BadRequestError(f"most_pairs {most_pairs} is below 2: no interval has fewer")
     t = summary.t_test
     quantile = 0.5 + t.confidence / 2.0
     sd = (t.ci_high - t.ci_low) / 2.0 / float(sps.t.ppf(quantile, t.df)) * math.sqrt(t.df + 1)

@@ -13,7 +13,7 @@ from ovspec.bench.noise.page import aa_pairs, block_means, render
 from ovspec.bench.noise.probe import ProbeRequest
 from ovspec.bench.noise.runner import results_document, run_processes
 from ovspec.compile.split import usable_cores
-from ovspec.errors import OvspecError
+from ovspec.errors import OvspecError, TrialError
 from ovspec.ir.model_dir import resolve_model
 from ovspec.ir.reference import EXACT_CPU_PROPERTIES
 
@@ -61,15 +61,15 @@ def test_fresh_processes_keep_every_step_and_the_page_renders(tmp_path: Path) ->
 
 
 def test_a_failing_probe_is_one_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(OvspecError, match="noise probe 0 failed"):
+    with pytest.raises(OvspecError, match=r"noise probe 0 failed .*no-model"):
         run_processes(_request(str(tmp_path / "no-model"), 5), 2, tmp_path / "runs")
 
 
-def _document(means_ms: list[float], jitter: float = 0.0) -> dict[str, Any]:
+def _document(means_ms: list[float]) -> dict[str, Any]:
     runs = [
         {
             "index": i,
-            "step_s": [m / 1e3 * (1 + jitter * ((k % 2) * 2 - 1)) for k in range(200)],
+            "step_s": [m / 1e3] * 200,
             "control_s": [1e-4] * 9 + [1.1e-4],
             "inference_num_threads": 1,
         }
@@ -86,10 +86,25 @@ def test_the_spread_and_the_aa_interval_come_from_the_samples() -> None:
         cv = statistics.stdev(means) / statistics.fmean(means)  # sample SD, not population
         assert f"decode step {100 * cv:.1f}%" in page
     summary = aa_pairs([2.0, 2.4, 2.2, 2.0])
-    assert summary is not None and summary.n_pairs == 2
+    assert summary.n_pairs == 2
     assert summary.mean_a == pytest.approx(2.1) and summary.mean_b == pytest.approx(2.2)
     assert f"{100 * summary.relative_change:+.1f}%" in spread
 
 
 def test_block_means_drop_the_partial_block() -> None:
     assert block_means([1.0] * 100 + [3.0] * 100 + [9.0] * 50) == [1.0, 3.0]
+
+
+def test_the_page_says_why_there_is_no_aa_interval() -> None:
+    with pytest.raises(TrialError, match="3 processes make 1 A/A pair"):
+        aa_pairs([2.0, 2.1, 2.2])
+    page = render(_document([2.0, 2.4, 2.2, 2.0]))  # every control mean the same
+    assert "- control: no A/A interval: all 2 paired differences are identical" in page
+
+
+def test_the_within_process_drift_is_the_cv_of_block_means() -> None:
+    document = _document([2.0, 2.0, 2.1, 2.0])
+    for run in document["processes"]:  # two 100-step blocks, 1.0 and 1.2 ms
+        run["step_s"] = [1e-3] * 100 + [1.2e-3] * 100
+    drift = statistics.stdev([1.0, 1.2]) / statistics.fmean([1.0, 1.2])
+    assert f"{100 * drift:.1f}%, at most {100 * drift:.1f}%" in render(document)

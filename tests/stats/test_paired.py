@@ -379,3 +379,5 @@ def test_pairs_to_resolve_finds_the_first_n_whose_interval_fits() -> None:
     assert pairs_to_resolve(summary, 1e-9, most_pairs=1000) is None
     with pytest.raises(BadRequestError):
         pairs_to_resolve(summary, 0.0)
+    with pytest.raises(BadRequestError):
+        pairs_to_resolve(summary, 0.5, most_pairs=1)
