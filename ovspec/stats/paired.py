@@ -32,6 +32,9 @@ EXACT_MAX_PAIRS = 40
 
 DEFAULT_MONTE_CARLO_DRAWS = 100_000
 
+# ``pairs_to_resolve`` stops looking past this many pairs (and answers None).
+MOST_PAIRS = 100_000
+
 # Sign patterns whose |sum| equals the observed |sum| in exact arithmetic can come
 # out a few ulps apart once summed in another order; without this tolerance such
 # ties would be dropped at random and the exact p would wobble by 1/2^n. Relative to
@@ -367,7 +370,7 @@ def _paired_t(diffs: npt.NDArray[np.float64], confidence: float) -> PairedTTest:
 
 
 def pairs_to_resolve(
-    summary: PairedSummary, half_width: float, *, most_pairs: int = 100_000
+    summary: PairedSummary, half_width: float, *, most_pairs: int = MOST_PAIRS
 ) -> int | None:
     """How many pairs would give the mean difference a CI no wider than ``half_width``
     either side, at the summary's confidence and its pairs' standard deviation (the

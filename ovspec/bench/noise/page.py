@@ -13,7 +13,7 @@ import numpy as np
 
 from ovspec.bench.noise.probe import CONTROL_SIDE
 from ovspec.errors import TrialError
-from ovspec.stats.paired import PairedSummary, pairs_to_resolve, summarize_pairs
+from ovspec.stats.paired import MOST_PAIRS, PairedSummary, pairs_to_resolve, summarize_pairs
 
 PAGE = "noise-floor"
 BLOCK_STEPS = 100  # within a process, steps are averaged in blocks this long
@@ -51,7 +51,7 @@ def _aa_line(name: str, means: Sequence[float]) -> str:
     return (
         f"- {name}: B − A {100 * summary.relative_change:+.1f}% [{low:+.1f}, {high:+.1f}] "
         f"over {summary.n_pairs} pairs; ±{100 * RESOLVE_RELATIVE:.0f}% would take "
-        f"{'more than 100,000' if needed is None else needed} pairs."
+        f"{f'more than {MOST_PAIRS:,}' if needed is None else needed} pairs."
     )
 
 

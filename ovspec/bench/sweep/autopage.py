@@ -15,7 +15,7 @@ from typing import Any
 from ovspec.bench.protocols.metrics import RunFigures
 from ovspec.errors import TrialError
 from ovspec.runtime.autopolicy import GUARD_RATIO
-from ovspec.stats.paired import PairedSummary, pairs_to_resolve, summarize_pairs
+from ovspec.stats.paired import MOST_PAIRS, PairedSummary, pairs_to_resolve, summarize_pairs
 
 FIXED = ("B0", "I1", "I2")
 AUTO = "auto"
@@ -156,7 +156,7 @@ def _resolution_line(needed: list[int | None], runs: int) -> str:
     return (
         f"Resolution: the sweep ran {runs} pairs per cell; an auto − best interval of ±2% "
         f"would take {span} pairs per cell at the spread measured here"
-        + (f" ({beyond} cell(s) past 100,000)" if beyond else "")
+        + (f" ({beyond} cell(s) past {MOST_PAIRS:,})" if beyond else "")
         + f"; {sum(1 for n in known if n <= runs)} of {len(needed)} cells are resolved at "
         f"{runs}."
     )
