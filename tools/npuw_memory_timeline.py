@@ -2,9 +2,11 @@
 """Where a one-ahead decode on the NPU path (NPUW on CPU subdevices) holds its memory:
 a fresh process per arm runs ``ovspec.open`` + ``decode`` while a thread samples
 ``RssAnon`` and ``RssFile`` (``/proc/self/status``) every 20 ms and every OpenVINO
-compile, import and IR read is logged with the memory around it. Arms: a cold store then
-the same store warm, with the profile's named weights bank and (``--no-bank``) without.
-A probe, not a benchmark: one run per arm, no peer; docs/npu.md reads its output.
+compile, export, import and IR read is logged with the memory around it and the longest
+pause of that sampling thread inside the call (a call that holds the GIL stalls every
+Python thread, the decode loop's too). Arms: a cold store then the same store warm, with
+the profile's named weights bank and (``--no-bank``) without. A probe, not a benchmark:
+one run per arm, no peer; docs/npu.md reads its output.
 
     python tools/npuw_memory_timeline.py                     # the 0.5B preset, about 1 min
     python tools/npuw_memory_timeline.py --model builtin:small --events
@@ -12,6 +14,7 @@ A probe, not a benchmark: one run per arm, no peer; docs/npu.md reads its output
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -55,25 +58,32 @@ def _child(model_dir: str, store: str, ladder: str, prompt: int, new: int, bank:
             samples.append((time.perf_counter() - began, _status_mib()))
             time.sleep(SAMPLE_S)
 
-    def event(what: str) -> None:
+    def event(what: str, **extra: float) -> None:
         at = round(time.perf_counter() - began, 3)
-        events.append(
-            {"s": at, "event": what, "thread": threading.current_thread().name, **_status_mib()}
-        )
+        thread = threading.current_thread().name
+        events.append({"s": at, "event": what, "thread": thread, **_status_mib(), **extra})
 
-    for name in ("compile_model", "import_model", "read_model"):
-        real = getattr(ov.Core, name)
+    def pause_s(since: float) -> float:
+        """The longest gap between samples (or the call's ends) since ``since``."""
+        now = time.perf_counter() - began
+        times = [since] + [t for t, _ in samples if t >= since] + [now]
+        return max(b - a for a, b in itertools.pairwise(times))
+
+    logged_calls = [(ov.Core, n) for n in ("compile_model", "import_model", "read_model")]
+    for owner, name in [*logged_calls, (ov.CompiledModel, "export_model")]:
+        real = getattr(owner, name)
 
         def logged(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
             target = args[1] if len(args) > 1 else None
             label = target.get_friendly_name() if isinstance(target, ov.Model) else ""
             event(f"> {_name} {label}".rstrip())
+            entered = time.perf_counter() - began
             try:
                 return _real(*args, **kwargs)
             finally:
-                event(f"< {_name}")
+                event(f"< {_name}", pause_s=round(pause_s(entered), 3))
 
-        setattr(ov.Core, name, logged)
+        setattr(owner, name, logged)
     if not bank:  # the control: no bank named, each compiled model keeps its own tensors
         from ovspec.compile.devices.npuw import NpuwProfile
 
@@ -161,9 +171,10 @@ def main(
         )
         if events:
             for e in r["events"]:
+                pause = f", sampler paused {e['pause_s']:.3f} s" if "pause_s" in e else ""
                 click.echo(
                     f"    {e['s']:7.2f} s  anon {e['RssAnon']:6.0f}  file {e['RssFile']:6.0f}  "
-                    f"{e['event']} ({e['thread']})"
+                    f"{e['event']} ({e['thread']}{pause})"
                 )
 
 

@@ -36,6 +36,17 @@ def test_the_cold_arm_compiles_its_rungs_and_the_warm_arm_imports_them() -> None
     assert rung_compiles("warm") == []
     for arm in results.values():
         assert arm["peak"]["VmRSS"] >= arm["end"]["RssAnon"] > 0
+    # The cold arm exports what it compiles, and every call reports the sampler's pause
+    # inside it (at most the call's own length).
+    cold = results["cold"]["events"]
+    assert any(e["event"] == "< export_model" for e in cold)
+    entered: dict[tuple[str, str], float] = {}
+    for e in cold:
+        call = (e["thread"], e["event"][2:].split()[0])
+        if e["event"].startswith(">"):
+            entered[call] = e["s"]
+        elif e["event"].startswith("<") and call in entered:
+            assert 0 <= e["pause_s"] <= e["s"] - entered.pop(call) + 0.002
 
 
 def test_a_failing_arm_is_one_line() -> None:
