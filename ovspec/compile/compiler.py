@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import mmap
+import tempfile
 import threading
 import time
 import weakref
@@ -480,7 +481,13 @@ class Compiler:
         self.key(spec)  # completes the compile properties
         assert self._compile_properties is not None
         properties = {**self._compile_properties, **self._graph_properties(spec)}
-        compiled, compile_s = self._compile_whole(spec, properties)
+        if self.profile.exports_inside_compile(self.blob_mode, properties):
+            # Not in the key: the cache is thrown away, and the blob is the same.
+            with tempfile.TemporaryDirectory(prefix="ovspec-export-") as cache:
+                cached = {**properties, "CACHE_DIR": cache}
+                compiled, compile_s = self._compile_whole(spec, cached)
+        else:
+            compiled, compile_s = self._compile_whole(spec, properties)
         began = time.perf_counter()
         try:
             with path.open("wb") as f:

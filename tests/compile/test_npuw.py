@@ -335,3 +335,75 @@ def test_a_loader_unpins_its_cpu_subdevice_unless_split_or_asked(
     assert pinning({**EXACT, "ENABLE_CPU_PINNING": "YES"}) is True  # asked: as asked
     # Under the split SplitPins places the threads, with the device's own pinning beside.
     assert pinning(EXACT, split=CoreSplit.default()) is default
+
+
+def test_a_compile_that_exports_into_a_throwaway_cache_exports_a_blob_that_computes_alike(
+    qwen2_dir: Path, tmp_path: Path
+) -> None:
+    """A folded graph compiled with a CACHE_DIR (where OpenVINO exports inside
+    compile_model) exports a blob of the plain one's length that imports and computes
+    bit-identical outputs. Not byte-identical: NPUW writes its weights' addresses in
+    this process into the blob (as keys), and those moved."""
+    xml = qwen2_dir / "openvino_model.xml"
+    folded = {"NPUW_FOLD": "YES", "NPUW_FUNCALL_FOR_ALL": "YES"}
+    cache = tmp_path / "cache"
+    outputs = {}
+    core = ov.Core()
+    npuw = profile_for("NPU", {**NPUW, **folded})
+    properties = npuw.required_properties({**NPUW, **folded})
+    imports = {**properties, "WEIGHTS_PATH": str(qwen2_dir / "openvino_model.bin")}
+    feeds: dict[str, np.ndarray] = {}
+    sizes = {}
+    for name, extra in (("plain", folded), ("cached", {**folded, "CACHE_DIR": str(cache)})):
+        blob = tmp_path / f"{name}.blob"
+        subprocess.run(
+            [sys.executable, "-c", _EXPORT, str(xml), str(blob), json.dumps(extra)], check=True
+        )
+        sizes[name] = blob.stat().st_size
+        compiled = core.import_model(blob.read_bytes(), "NPU", imports)
+        if not feeds:
+            rng = np.random.default_rng(0)
+            for port in compiled.inputs:
+                shape, kind = list(port.get_shape()), port.get_element_type()
+                feeds[port.get_any_name()] = (
+                    (rng.standard_normal(shape) * 0.5).astype(np.float32)
+                    if kind == ov.Type.f32
+                    else np.ones(shape, dtype=kind.to_dtype())
+                )
+        result = compiled.create_infer_request().infer(feeds)
+        outputs[name] = [np.array(v) for v in result.values()]
+    assert any(cache.iterdir())  # the compile did export into the cache
+    assert sizes["cached"] == sizes["plain"]
+    assert all(
+        np.array_equal(a, b) for a, b in zip(outputs["plain"], outputs["cached"], strict=True)
+    )
+
+
+def test_a_folded_weightless_rung_is_exported_inside_its_compile(
+    fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Python binding holds the GIL through export_model; a rung compiled with a
+    throwaway CACHE_DIR has its slow export done inside compile_model instead. Only where
+    that cache holds no weights: not for an unfolded blob (NPUW serializes its bank)."""
+    caches: list[Path | None] = []
+    real = ov.Core.compile_model
+
+    def spy(self: ov.Core, *args: Any, **kwargs: Any) -> Any:
+        config = args[2] if len(args) > 2 else kwargs.get("config") or {}
+        if isinstance(args[0], ov.Model) and "@" in args[0].get_friendly_name():
+            cache = config.get("CACHE_DIR")
+            caches.append(None if cache is None else Path(cache))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ov.Core, "compile_model", spy)
+    for name, properties in (("folded", NPUW), ("unfolded", EXACT)):
+        caches.clear()
+        with ovspec.open(
+            fixture_dir, ladder="32,64", device="NPU", properties=properties, store=tmp_path / name
+        ) as loader:
+            decode(loader, [5, 6, 7], max_new_tokens=2)
+        assert caches, "no rung graph was compiled"
+        if name == "folded":
+            assert all(c is not None and not c.exists() for c in caches)  # used, then removed
+        else:
+            assert caches == [None] * len(caches)

@@ -116,6 +116,12 @@ class NpuwProfile(NpuProfile):
             props.update({FOLD: "YES", FUNCALL_FOR_ALL: "YES"})
         return props
 
+    def exports_inside_compile(self, mode: BlobMode, properties: Mapping[str, str]) -> bool:
+        """A folded weightless blob: its export evaluates the weights into the bank, ~1 s
+        on the 0.5B preset with the GIL held by the Python binding (docs/npu.md)."""
+        unfolded = properties.get(FOLD, "").upper() in ("NO", "FALSE")
+        return mode is BlobMode.WEIGHTLESS and not unfolded
+
     def graph_properties(
         self, spec: Specialization, properties: Mapping[str, str]
     ) -> dict[str, str]:

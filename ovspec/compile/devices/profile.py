@@ -103,6 +103,12 @@ class DeviceProfile:
         are bypassed."""
         return dict(properties)
 
+    def exports_inside_compile(self, mode: BlobMode, properties: Mapping[str, str]) -> bool:
+        """Whether to compile a graph to be exported with a throwaway ``CACHE_DIR``, so that
+        OpenVINO exports inside ``compile_model`` (which releases the GIL) and the export
+        proper is cheap: only where that cache holds no weights and an export is slow."""
+        return False
+
     def blob_properties(self, mode: BlobMode, properties: Mapping[str, str]) -> dict[str, str]:
         """The compile properties (beyond ``properties``, which win) that make the device
         export a blob of ``mode``; in keys, as they change the blob."""
