@@ -481,13 +481,18 @@ class Compiler:
         self.key(spec)  # completes the compile properties
         assert self._compile_properties is not None
         properties = {**self._compile_properties, **self._graph_properties(spec)}
+        cache = None
         if self.profile.exports_inside_compile(self.blob_mode, properties):
-            # Not in the key: the cache is thrown away, and the blob is the same.
-            with tempfile.TemporaryDirectory(prefix="ovspec-export-") as cache:
-                cached = {**properties, "CACHE_DIR": cache}
-                compiled, compile_s = self._compile_whole(spec, cached)
-        else:
+            try:  # not in the key: the cache is thrown away and computes alike
+                cache = tempfile.TemporaryDirectory(prefix="ovspec-export-")
+            except OSError as exc:  # then the export below does it all, GIL held
+                log.debug("compiling %s without a throwaway cache: %s", spec.label, exc)
+        if cache is None:
             compiled, compile_s = self._compile_whole(spec, properties)
+        else:
+            with cache:
+                cached = {**properties, "CACHE_DIR": cache.name}
+                compiled, compile_s = self._compile_whole(spec, cached)
         began = time.perf_counter()
         try:
             with path.open("wb") as f:

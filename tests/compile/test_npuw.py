@@ -407,3 +407,15 @@ def test_a_folded_weightless_rung_is_exported_inside_its_compile(
             assert all(c is not None and not c.exists() for c in caches)  # used, then removed
         else:
             assert caches == [None] * len(caches)
+
+    def no_temporary_directory(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(30, "Read-only file system")
+
+    # No place for the cache: the rung compiles as before, its export doing it all.
+    monkeypatch.setattr("tempfile.TemporaryDirectory", no_temporary_directory)
+    caches.clear()
+    with ovspec.open(
+        fixture_dir, ladder="32,64", device="NPU", properties=NPUW, store=tmp_path / "no-tmp"
+    ) as loader:
+        assert len(decode(loader, [5, 6, 7], max_new_tokens=2).token_ids) == 2
+    assert caches and caches == [None] * len(caches)
