@@ -1,17 +1,24 @@
 """Blob files on disk: streaming ``export_model`` into a file without holding the blob
-in Python memory, and mapping a stored blob back for ``import_model``.
+in Python memory, mapping a stored blob back for ``import_model``, and the throwaway
+cache a compile exports into.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
+import logging
 import mmap
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ovspec.store.local import PayloadWriteError
+
+log = logging.getLogger(__name__)
 
 
 class FileSink(io.BytesIO):
@@ -89,3 +96,22 @@ def map_file(path: Path) -> mmap.mmap:
         return mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def throwaway_cache(wanted: bool) -> Iterator[dict[str, str]]:
+    """``{"CACHE_DIR": a new temporary folder}`` while open, removed after; ``{}`` if not
+    ``wanted`` or no folder can be made. OpenVINO exports a graph compiled with a
+    ``CACHE_DIR`` inside ``compile_model``, which releases the GIL; the Python binding
+    holds it through ``export_model`` (docs/npu.md)."""
+    if not wanted:
+        yield {}
+        return
+    try:
+        folder = tempfile.TemporaryDirectory(prefix="ovspec-export-")
+    except OSError as exc:  # then the export does it all, GIL held
+        log.debug("compiling without a throwaway cache: %s", exc)
+        yield {}
+        return
+    with folder:
+        yield {"CACHE_DIR": folder.name}

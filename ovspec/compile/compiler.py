@@ -1,11 +1,10 @@
 """Compiling specializations of one model for one device, through the blob store.
 
-A ``Compiler`` prepares the dynamic graph once (read, compress, stateless), derives
-each specialization's key from named components, builds missing blobs into the
-store (or has a build delegate build them) and imports blobs from memory-mapped files,
-or (``LoadMode.COMPILE``) compiles each graph from the prepared IR. Its device profile
-answers every per-device question. It is thread-safe: the loader calls it from a
-background worker while the decode thread imports.
+A ``Compiler`` prepares the dynamic graph once (read, compress, stateless), keys each
+specialization by named components, builds missing blobs into the store (or has a build
+delegate build them) and imports them from memory-mapped files, or (``LoadMode.COMPILE``)
+compiles each graph from the prepared IR. Its device profile answers every per-device
+question. Thread-safe: the loader calls it from a worker while the decode thread imports.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import errno
 import json
 import logging
 import mmap
-import tempfile
 import threading
 import time
 import weakref
@@ -26,7 +24,7 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from ovspec.compile.blobfile import FileSink, map_file
+from ovspec.compile.blobfile import FileSink, map_file, throwaway_cache
 from ovspec.compile.delegate import BuildDelegate
 from ovspec.compile.devices import DeviceProfile, profile_for
 from ovspec.compile.devices.facts import DeviceFacts, compiler_version
@@ -481,23 +479,13 @@ class Compiler:
         self.key(spec)  # completes the compile properties
         assert self._compile_properties is not None
         properties = {**self._compile_properties, **self._graph_properties(spec)}
-        cache = None
-        if self.profile.exports_inside_compile(self.blob_mode, properties):
-            try:  # not in the key: the cache is thrown away and computes alike
-                cache = tempfile.TemporaryDirectory(prefix="ovspec-export-")
-            except OSError as exc:  # then the export below does it all, GIL held
-                log.debug("compiling %s without a throwaway cache: %s", spec.label, exc)
-        if cache is None:
-            compiled, compile_s = self._compile_whole(spec, properties)
-        else:
-            with cache:
-                cached = {**properties, "CACHE_DIR": cache.name}
-                compiled, compile_s = self._compile_whole(spec, cached)
+        inside = self.profile.exports_inside_compile(self.blob_mode, properties)
+        with throwaway_cache(inside) as cache:  # not in the key: thrown away, computes alike
+            compiled, compile_s = self._compile_whole(spec, {**properties, **cache})
         began = time.perf_counter()
         try:
             with path.open("wb") as f:
-                sink = FileSink(f)
-                compiled.export_model(sink)
+                compiled.export_model(sink := FileSink(f))
                 size = sink.finish()
         except PayloadWriteError:
             raise
