@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import locale
 import logging
 import mmap
 import os
@@ -113,5 +114,11 @@ def throwaway_cache(wanted: bool) -> Iterator[dict[str, str]]:
         log.debug("compiling without a throwaway cache: %s", exc)
         yield {}
         return
-    with folder:
-        yield {"CACHE_DIR": folder.name}
+    # NPUW exporting into a cache leaves the process in the C locale (seen on 2026.4):
+    # Python would then decode a subprocess's UTF-8 output as ASCII. Put it back.
+    saved = locale.setlocale(locale.LC_ALL)
+    try:
+        with folder:
+            yield {"CACHE_DIR": folder.name}
+    finally:
+        locale.setlocale(locale.LC_ALL, saved)

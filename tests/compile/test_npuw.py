@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import locale
 import os
 import subprocess
 import sys
@@ -396,6 +397,7 @@ def test_a_folded_weightless_rung_is_exported_inside_its_compile(
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(ov.Core, "compile_model", spy)
+    before = locale.setlocale(locale.LC_ALL)
     for name, properties in (("folded", NPUW), ("unfolded", EXACT)):
         caches.clear()
         with ovspec.open(
@@ -405,6 +407,7 @@ def test_a_folded_weightless_rung_is_exported_inside_its_compile(
         assert caches, "no rung graph was compiled"
         if name == "folded":
             assert all(c is not None and not c.exists() for c in caches)  # used, then removed
+            assert locale.setlocale(locale.LC_ALL) == before  # NPUW's cache export sets "C"
         else:
             assert caches == [None] * len(caches)
 
