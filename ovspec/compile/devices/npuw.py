@@ -119,8 +119,7 @@ class NpuwProfile(NpuProfile):
     def exports_inside_compile(self, mode: BlobMode, properties: Mapping[str, str]) -> bool:
         """A folded weightless blob: its export evaluates the weights into the bank, ~1 s
         on the 0.5B preset with the GIL held by the Python binding (docs/npu.md)."""
-        unfolded = properties.get(FOLD, "").upper() in ("NO", "FALSE")
-        return mode is BlobMode.WEIGHTLESS and not unfolded
+        return mode is BlobMode.WEIGHTLESS and not _unfolded(properties)
 
     def graph_properties(
         self, spec: Specialization, properties: Mapping[str, str]
@@ -128,8 +127,8 @@ class NpuwProfile(NpuProfile):
         """A prompt graph that does not fold is one partition, unless the user chose: the
         step graphs keep NPUW's partitions (one partition made ovspec's steps 3x slower
         in a one-ahead run, unexplained: docs/npu.md); folding needs the partitions."""
-        unfolded = properties.get(FOLD, "").upper() in ("NO", "FALSE")
-        if spec.phase is Phase.PREFILL and unfolded and ONLINE_PIPELINE not in properties:
+        prompt = spec.phase is Phase.PREFILL
+        if prompt and _unfolded(properties) and ONLINE_PIPELINE not in properties:
             return {ONLINE_PIPELINE: "NONE"}
         return {}
 
@@ -146,8 +145,7 @@ class NpuwProfile(NpuProfile):
         imported beside a live bank of that name, its tensors' ids would collide with the
         bank's (NPUW asserts). Only weightless folded blobs, which read the .bin, share."""
         props = super().compile_properties(mode, properties, weights_digest)
-        unfolded = props.get(FOLD, "").upper() in ("NO", "FALSE")
-        if (mode is BlobMode.FULL or unfolded) and WEIGHTS_BANK not in properties:
+        if (mode is BlobMode.FULL or _unfolded(props)) and WEIGHTS_BANK not in properties:
             del props[WEIGHTS_BANK]
         return props
 
@@ -200,3 +198,8 @@ class NpuwProfile(NpuProfile):
                 for name, value in read_identity(core, subdevice).items()
             )
         return DeviceFacts(self.device, tuple(sorted(identity.items())), offline=False)
+
+
+def _unfolded(properties: Mapping[str, str]) -> bool:
+    """Whether ``properties`` turn NPUW's folding off."""
+    return properties.get(FOLD, "").upper() in ("NO", "FALSE")
