@@ -114,8 +114,9 @@ class Loader:
         self._worker = Worker(worker_cores)
         self._closed = False
         self._on_close = list(on_close)
-        # Called once, at the first get of a decode graph (after the prompt), or as an
-        # eager start begins: work kept off a latency-bound start (the weight-page trimmer).
+        # Called once, at the first get of a decode graph (after the prompt), as an eager
+        # start begins, or as an import-mode start ends: work kept off a latency-bound
+        # start (the weight-page trimmer).
         self._on_steady = on_steady
         # A lazy start compiles the graph its prompt waits for as two halves on two cores
         # (``Compiler.load(halves=True)``) when nothing else loads meanwhile.
@@ -148,6 +149,10 @@ class Loader:
         self.reachable_tokens = reachable_tokens
         try:
             self._start(first_capacity_tokens)
+            if self.load_mode is LoadMode.IMPORT:
+                # An imported graph reads its weights through its own WEIGHTS_PATH: the
+                # prompt packs nothing from the IR's mapping, whose pages go before it runs.
+                self._steady()
         finally:
             self._begin_split()
 

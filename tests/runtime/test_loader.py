@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
+from ovspec.compile.modes import LoadMode
 from ovspec.compile.programs import BuildOutcome, Program
 from ovspec.errors import CompileError
 from ovspec.ir.specialize import Phase, Specialization
@@ -28,6 +29,8 @@ LADDER = Ladder((32, 64, 128, 256))
 class FakeCompiler:
     """Stands in for ``Compiler``: sleeps ``load_s`` per load, can fail on chosen rungs,
     and holds a rung's load until its ``gates`` event is set."""
+
+    load_mode = LoadMode.COMPILE  # graphs from the IR: the start keeps the trimmer waiting
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import ovspec.cli.commands  # noqa: F401  (registers the commands)
 from ovspec.cli import cli
+from ovspec.compile.modes import LoadMode
 from ovspec.compile.programs import BuildOutcome, Program
 from ovspec.errors import BadRequestError
 from ovspec.ir.specialize import Specialization
@@ -47,6 +48,8 @@ def costs_8k(c8k: float = 12.0, c4k: float = 8.0) -> RungCosts:
 
 class FakeCompiler:
     """Stands in for ``Compiler`` in a Loader: every load is instant."""
+
+    load_mode = LoadMode.COMPILE  # graphs from the IR: the start keeps the trimmer waiting
 
     def graph_spec(self, spec: Specialization) -> Specialization:
         return spec  # every specialization has its own graph

@@ -166,7 +166,13 @@ def test_the_trimmer_drops_as_it_starts_without_waiting_for_growth(tmp_path: Pat
     assert trimmer.drops == 1
 
 
-def _open(tiny_dir: Path, store: Store, trim: bool, policy: str = "one_ahead") -> Loader:
+def _open(
+    tiny_dir: Path,
+    store: Store,
+    trim: bool,
+    policy: str = "one_ahead",
+    load_mode: str = "compile",  # rung graphs hold packed copies of the weights
+) -> Loader:
     return open_loader(
         tiny_dir,
         ladder="64,128",
@@ -175,7 +181,7 @@ def _open(tiny_dir: Path, store: Store, trim: bool, policy: str = "one_ahead") -
         prefill_chunk_tokens=16,
         tuning=Tuning(trim_weight_pages=trim),
         policy=policy,
-        load_mode="compile",  # rung graphs hold packed copies of the weights
+        load_mode=load_mode,
     )
 
 
@@ -254,6 +260,20 @@ def test_the_trimmer_waits_out_the_start_and_begins_at_the_first_decode(
     with _open(tiny_dir, store, True, policy="eager") as loader:
         loader.start(64)  # eager packs every rung before the prompt: dropping from then
         assert _trimming()
+    assert not _trimming()
+
+
+@needs_madvise
+def test_an_import_mode_start_begins_trimming_before_the_prompt(
+    tiny_dir: Path, store: Store
+) -> None:
+    """Imported graphs read their weights through WEIGHTS_PATH, never the IR's mapping:
+    its pages can go before the prompt runs, where the start's memory peaks."""
+    with _open(tiny_dir, store, True, load_mode="import") as loader:
+        assert not _trimming()
+        loader.start(64)
+        assert _trimming()
+        loader.get(prefill_specialization(64, 16))
     assert not _trimming()
 
 
