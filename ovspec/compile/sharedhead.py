@@ -19,7 +19,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from ovspec.compile.blobfile import FileSink, map_file
+from ovspec.compile.blobfile import FileSink, map_file, throwaway_cache
 from ovspec.compile.halves import ComposedModel
 from ovspec.compile.modes import LoadMode
 from ovspec.errors import CompileError, openvino_message
@@ -268,16 +268,24 @@ class SharedEnds:
                 return head_model(llm.model, llm.roles)
             return embedding_model(llm.model, llm.roles, int(label[len(EMBEDDING_PREFIX) :]))
 
-    def _compile(self, label: str, properties: Mapping[str, Any]) -> tuple[ov.CompiledModel, float]:
+    def _compile(
+        self, label: str, properties: Mapping[str, Any], to_export: bool = False
+    ) -> tuple[ov.CompiledModel, float]:
         compiler = self._compiler
         try:
             model = self._model(label)
         except RewriteRefused as exc:
             raise PartRefused(f"{label} cannot be compiled apart: {exc}") from exc
         properties = {**properties, **compiler.profile.part_properties(compiler.properties)}
+        inside = to_export and compiler.profile.exports_inside_compile(
+            compiler.blob_mode, properties
+        )
         began = time.perf_counter()
         try:
-            compiled = compiler.core.compile_model(model, compiler.device, properties)
+            with throwaway_cache(inside) as cache:  # as a rung's (Compiler._compile_to)
+                compiled = compiler.core.compile_model(
+                    model, compiler.device, {**properties, **cache}
+                )
         except RuntimeError as exc:
             raise CompileError(
                 f"{compiler.device} failed to compile {label}: {openvino_message(exc)}"
@@ -310,7 +318,7 @@ class SharedEnds:
 
         def produce(path: Path) -> ProducedBlob:
             assert compiler._compile_properties is not None  # completed by part_key
-            compiled, compile_s = self._compile(label, compiler._compile_properties)
+            compiled, compile_s = self._compile(label, compiler._compile_properties, True)
             try:
                 with path.open("wb") as f:
                     sink = FileSink(f)

@@ -383,28 +383,34 @@ def test_a_compile_that_exports_into_a_throwaway_cache_exports_a_blob_that_compu
 def test_a_folded_weightless_rung_is_exported_inside_its_compile(
     fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The Python binding holds the GIL through export_model; a rung compiled with a
-    throwaway CACHE_DIR has its slow export done inside compile_model instead. Only where
-    that cache holds no weights: not for an unfolded blob (NPUW serializes its bank)."""
+    """The Python binding holds the GIL through export_model; a rung (or the shared head)
+    compiled with a throwaway CACHE_DIR has its slow export done inside compile_model
+    instead. Only where that cache holds no weights: not for an unfolded blob (NPUW
+    serializes its bank)."""
     caches: list[Path | None] = []
+    compiled_names: list[str] = []
     real = ov.Core.compile_model
 
     def spy(self: ov.Core, *args: Any, **kwargs: Any) -> Any:
         config = args[2] if len(args) > 2 else kwargs.get("config") or {}
-        if isinstance(args[0], ov.Model) and "@" in args[0].get_friendly_name():
+        name = args[0].get_friendly_name() if isinstance(args[0], ov.Model) else ""
+        if "@" in name or name.startswith("ovspec-"):  # a rung's graph, or a shared part
             cache = config.get("CACHE_DIR")
             caches.append(None if cache is None else Path(cache))
+            compiled_names.append(name)
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(ov.Core, "compile_model", spy)
     before = locale.setlocale(locale.LC_ALL)
     for name, properties in (("folded", NPUW), ("unfolded", EXACT)):
         caches.clear()
+        compiled_names.clear()
         with ovspec.open(
             fixture_dir, ladder="32,64", device="NPU", properties=properties, store=tmp_path / name
         ) as loader:
             decode(loader, [5, 6, 7], max_new_tokens=2)
         assert caches, "no rung graph was compiled"
+        assert any(n.startswith("ovspec-") for n in compiled_names), "no shared head"
         if name == "folded":
             assert all(c is not None and not c.exists() for c in caches)  # used, then removed
             assert locale.setlocale(locale.LC_ALL) == before  # NPUW's cache export sets "C"
@@ -417,6 +423,7 @@ def test_a_folded_weightless_rung_is_exported_inside_its_compile(
     # No place for the cache: the rung compiles as before, its export doing it all.
     monkeypatch.setattr("tempfile.TemporaryDirectory", no_temporary_directory)
     caches.clear()
+    compiled_names.clear()
     with ovspec.open(
         fixture_dir, ladder="32,64", device="NPU", properties=NPUW, store=tmp_path / "no-tmp"
     ) as loader:
