@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Where a one-ahead decode on the NPU path (NPUW on CPU subdevices) holds its memory:
 a fresh process per arm runs ``ovspec.open`` + ``decode`` while a thread samples
-``RssAnon`` and ``RssFile`` (``/proc/self/status``) every 20 ms and every OpenVINO
-compile, export, import and IR read is logged with the memory around it and the longest
-pause of that sampling thread inside the call (a call that holds the GIL stalls every
-Python thread, the decode loop's too). Arms: a cold store then the same store warm, with
-the profile's named weights bank and (``--no-bank``) without. A probe, not a benchmark:
-one run per arm, no peer; docs/npu.md reads its output.
+``RssAnon`` and ``RssFile`` (``/proc/self/status``) every 20 ms. Every OpenVINO compile,
+export, import and IR read is logged with the memory around it and the longest pause of
+that sampling thread inside the call (a call that holds the GIL stalls every Python
+thread, the decode loop's too); so are the first token and each weight-page drop. Arms: a
+cold store then the same store warm, with the profile's named weights bank and
+(``--no-bank``) without. A probe, not a benchmark: one run per arm, no peer; docs/npu.md
+reads its output.
 
     python tools/npuw_memory_timeline.py                     # the 0.5B preset, about 1 min
     python tools/npuw_memory_timeline.py --model builtin:small --events
@@ -91,13 +92,30 @@ def _child(model_dir: str, store: str, ladder: str, prompt: int, new: int, bank:
     threading.Thread(target=sample, daemon=True).start()
     import ovspec
     from ovspec.runtime.decoding import decode
+    from ovspec.runtime.residency import WeightPageTrimmer
+
+    real_drop = WeightPageTrimmer.drop
+
+    def logged_drop(self: WeightPageTrimmer) -> int:
+        dropped = real_drop(self)
+        event(f"weight pages dropped: {dropped / 2**20:.0f} MiB")
+        return dropped
+
+    WeightPageTrimmer.drop = logged_drop  # type: ignore[method-assign]
+    tokens = 0
+
+    def on_token(_token: int) -> None:
+        nonlocal tokens
+        tokens += 1
+        if tokens == 1:
+            event("first token")
 
     ids = [int(x) for x in np.random.default_rng(0).integers(3, 2000, prompt)]
     with ovspec.open(
         model_dir, ladder=ladder, device="NPU", properties=PROPERTIES, store=store
     ) as loader:
         event("opened")
-        decode(loader, ids, max_new_tokens=new)
+        decode(loader, ids, max_new_tokens=new, on_token=on_token)
         event("decoded")
         end = _status_mib()
     # The peak is VmHWM (exact); its time, the highest 20 ms sample's.
