@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from ovspec.compile.delegate import DelegatedBuild
 from ovspec.errors import BadRequestError, CompileError, arg
 
 if TYPE_CHECKING:  # not at run time: the host process pins itself before OpenVINO loads
+    from ovspec.compile.compiler import Compiler
     from ovspec.ir.roles import ModelRoles
     from ovspec.ir.specialize import Specialization
 
@@ -252,7 +253,11 @@ class HostBuilder:
         blob_mode: str,
         rewrites: str,
         host_cores: tuple[int, ...],
+        serve: Callable[[Any, Any, Any], None] | None = None,
     ) -> None:
+        # The host process's body: ``serve_builds``, or a module-level function around it
+        # (a spawned process imports it by name).
+        self._serve = serve or serve_builds
         self._config = _HostConfig(
             str(model_root),
             str(models_folder),
@@ -295,7 +300,7 @@ class HostBuilder:
         self._requests = context.Queue()
         self._replies = context.Queue()
         process = context.Process(
-            target=_serve,
+            target=self._serve,
             args=(self._config, self._requests, self._replies),
             name="ovspec-host-builder",
             daemon=True,
@@ -393,12 +398,19 @@ _ROLES = "roles"  # the label of the roles request and its answer
 
 
 def _build_message(spec: Specialization) -> tuple[Any, ...]:
-    """What the host process is sent to build ``spec`` (``_serve`` reads it back)."""
+    """What the host process is sent to build ``spec`` (``serve_builds`` reads it back)."""
     return ("build", spec.phase.value, spec.capacity_tokens, spec.chunk_tokens)
 
 
-def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
-    """The host process: pin first (before OpenVINO makes threads), then build on request."""
+def serve_builds(
+    config: _HostConfig,
+    requests: Any,
+    replies: Any,
+    around_builds: Callable[[Compiler], contextlib.AbstractContextManager[object]] | None = None,
+) -> None:
+    """The host process: pin first (before OpenVINO makes threads), then build on request;
+    ``around_builds(compiler)`` is open while it serves (e.g. the runtime's weight-page
+    trimmer: this layer knows nothing of it)."""
     pin_process(config.host_cores)
     try:
         from ovspec.compile.compiler import Compiler
@@ -406,7 +418,6 @@ def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
         from ovspec.ir.compression import Compression
         from ovspec.ir.model_dir import resolve_model
         from ovspec.ir.rewrites import RewriteSet
-        from ovspec.ir.specialize import Phase, Specialization
         from ovspec.store.local import Store
 
         store = Store(config.store_root)
@@ -422,7 +433,16 @@ def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
     except Exception as exc:  # reported to the decode process, which raises it
         replies.put({"error": f"could not start: {exc}"})
         return
-    replies.put({"pid": os.getpid(), "affinity": sorted(os.sched_getaffinity(0))})
+    with around_builds(compiler) if around_builds else contextlib.nullcontext():
+        replies.put({"pid": os.getpid(), "affinity": sorted(os.sched_getaffinity(0))})
+        _serve_requests(compiler, requests, replies)
+    compiler.close()
+    store.close()
+
+
+def _serve_requests(compiler: Compiler, requests: Any, replies: Any) -> None:
+    from ovspec.ir.specialize import Phase, Specialization
+
     while (request := requests.get()) is not None:
         label = _ROLES
         try:
@@ -447,5 +467,3 @@ def _serve(config: _HostConfig, requests: Any, replies: Any) -> None:
             replies.put({"label": label, "build": build})
         except Exception as exc:
             replies.put({"label": label, "error": str(exc)})
-    compiler.close()
-    store.close()

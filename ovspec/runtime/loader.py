@@ -114,9 +114,8 @@ class Loader:
         self._worker = Worker(worker_cores)
         self._closed = False
         self._on_close = list(on_close)
-        # Called once, at the first get of a decode graph (after the prompt), as an eager
-        # start begins, or as an import-mode start ends: work kept off a latency-bound
-        # start (the weight-page trimmer).
+        # Called once: at the first decode get (after the prompt), as an eager start begins
+        # or an import-mode start ends (the weight-page trimmer, off a latency-bound start).
         self._on_steady = on_steady
         # A lazy start compiles the graph its prompt waits for as two halves on two cores
         # (``Compiler.load(halves=True)``) when nothing else loads meanwhile.
@@ -144,14 +143,13 @@ class Loader:
         the first rung and a successor never hold their weights at the same time.
 
         Eager loads every rung before returning, two at a time (every other one on
-        the worker: a CPU compile keeps about one core busy).
+        the worker: a CPU compile keeps about one core busy). An import-mode start ends
+        steady: imports read WEIGHTS_PATH, so the IR mapping's pages go before the prompt.
         """
         self.reachable_tokens = reachable_tokens
         try:
             self._start(first_capacity_tokens)
             if self.load_mode is LoadMode.IMPORT:
-                # An imported graph reads its weights through its own WEIGHTS_PATH: the
-                # prompt packs nothing from the IR's mapping, whose pages go before it runs.
                 self._steady()
         finally:
             self._begin_split()
@@ -187,10 +185,9 @@ class Loader:
         if prefill is None:
             self._obtain(decode, record_wait=False, halves=halves)
             return
-        # One graph may serve the rung's prefill and decode (COMPILE mode on CPU): then
-        # the prompt's graph is the first decode graph too, and the worker stays idle.
-        # The decode is taken at once (no compile, no warm-up): it keeps the graph alive
-        # when the session releases the prefill after the prompt.
+        # One graph may serve the rung's prefill and decode (COMPILE mode on CPU): the
+        # worker stays idle, and the decode is taken at once (no compile, no warm-up),
+        # keeping the graph alive when the session releases the prefill after the prompt.
         if not shared:
             self._compiler.build_ahead(prefill)  # the prompt's graph first
             self._submit(decode, foreground=True)
@@ -281,12 +278,9 @@ class Loader:
         self._record(EventKind.RELEASED, spec, foreground=True)
 
     def disable_warm_up(self) -> None:
-        """Stop warming programs with dense inputs (for shared-max KV views).
-
-        OpenVINO 2026.4's CPU plugin corrupts its heap when one compiled model runs
-        with dense input tensors and later with strided (ROI) ones, so a loader that
-        feeds shared-max views must never have warmed a program densely.
-        """
+        """Stop warming programs with dense inputs, for shared-max KV views: OpenVINO
+        2026.4's CPU plugin corrupts its heap when one compiled model runs with dense
+        input tensors and later with strided (ROI) ones."""
         if self._warmed:
             raise OvspecError(
                 "this loader already warmed programs with dense inputs; open a new loader "

@@ -40,7 +40,11 @@ from ovspec.runtime.kv import choose_layout
 from ovspec.runtime.loader import Loader, Policy
 from ovspec.runtime.options import OpenOptions, Tuning
 from ovspec.runtime.paged import PagedLoader
-from ovspec.runtime.residency import WeightPageTrimmer, WeightPrefault
+from ovspec.runtime.residency import (
+    WeightPageTrimmer,
+    WeightPrefault,
+    serve_host_builds_trimmed,
+)
 from ovspec.store.local import Store
 from ovspec.store.remote import Remote, RemoteConfig, open_remote
 
@@ -55,6 +59,7 @@ class Decisions:
     rewrites: RewriteSet
     cores: CoreSplit | None  # the device/host split
     trim_weight_pages: bool
+    host_trims_weight_pages: bool  # the split's host build process, which reads the IR
     halve_prompt_graph: bool
 
 
@@ -94,6 +99,8 @@ def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
         rewrites=options.rewrites if options.rewrites is not None else profile.default_rewrites,
         cores=cores,
         trim_weight_pages=_trims_weight_pages(tuning.trim_weight_pages, profile, mode, cores),
+        host_trims_weight_pages=cores is not None
+        and _trims_weight_pages(tuning.trim_weight_pages, profile, mode, None),
         halve_prompt_graph=_halves_prompt_graph(
             tuning.halve_prompt_graph, profile, mode, options.policy
         ),
@@ -170,8 +177,9 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
             kv_layout=options.kv_layout,
             worker_cores=cores.host if cores is not None else None,
             pins=pins,
-            # Not during a lazy start: the first graph packs its weights from the
-            # mapping then, and dropping its pages meanwhile slows the first prefill.
+            # Not during a lazy start that compiles: the first graph packs its weights
+            # from the mapping then, and dropping its pages meanwhile slows the first
+            # prefill (an import-mode start calls it as it ends: Loader.start).
             on_steady=trimmer.start if trimmer is not None else None,
             halve_prompt_graph=decided.halve_prompt_graph,
             release_passed_rungs=tuning.release_passed_rungs,
@@ -268,6 +276,7 @@ def _host_builder(
         blob_mode=options.blob_mode.value,
         rewrites=decided.rewrites.canonical,
         host_cores=cores.host,
+        serve=serve_host_builds_trimmed if decided.host_trims_weight_pages else None,
     )
 
 

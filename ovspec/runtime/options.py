@@ -83,11 +83,12 @@ class Tuning:
     into the store and imported here (so the load mode is ``import``).
     ``trim_weight_pages``: keep the IR's mapped ``.bin`` out of the resident set once
     graphs have packed their weights (``runtime/residency.py``), from the first decode
-    step on (an eager start: from its beginning). Default: where the profile says so,
-    for rung graphs (compiled, or imported without the split: a cold store compiles its
-    blobs from the IR here; a warm one reads no model from it, and the trimmer has
-    nothing to do; the host embedding lookup's own mapping of the .bin holds only the
-    rows it read).
+    step on (an eager start: from its beginning; an import-mode start: from its end,
+    before the prompt). Default: where the profile says so, for rung graphs (compiled,
+    or imported without the split: a cold store compiles its blobs from the IR here; a
+    warm one reads no model from it, and the trimmer has nothing to do; the host
+    embedding lookup's own mapping of the .bin holds only the rows it read). Under the
+    split the host build process, which reads the IR, trims instead.
     ``halve_prompt_graph``: compile the graph the prompt waits for as two halves side by
     side and run them one after the other (``compile/halves.py``). Default: where the
     profile says so, for graphs compiled from the IR, a lazy policy and >= 2 cores.

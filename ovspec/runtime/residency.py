@@ -8,20 +8,27 @@ drops them (``MADV_DONTNEED`` on a read-only file mapping: a later read faults t
 back in from the page cache) whenever a step's worth of them is mapped in again.
 Before that, ``WeightPrefault`` maps the file's pages in on a spare core while the first
 graph compiles, so that its packing does not take the page faults on the critical path.
+Under the split the host build process reads the IR: ``serve_host_builds_trimmed``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from ovspec.compile.split import serve_builds
 from ovspec.errors import MappingError
 from ovspec.runtime import vmem
+
+if TYPE_CHECKING:
+    from ovspec.compile.compiler import Compiler
 
 log = logging.getLogger(__name__)
 
@@ -227,3 +234,22 @@ class WeightPageTrimmer(threading.Thread):
         self._done.set()
         if self.is_alive():
             self.join()
+
+
+def serve_host_builds_trimmed(config: Any, requests: Any, replies: Any) -> None:
+    """The split's host build process (``compile/split.py``), dropping the IR's weight
+    pages as its compiles read them: a compile reads every weight, then its export
+    evaluates them into private memory, and the file's pages would stay resident."""
+    serve_builds(config, requests, replies, around_builds=_trimming)
+
+
+@contextlib.contextmanager
+def _trimming(compiler: Compiler) -> Iterator[None]:
+    trimmer = WeightPageTrimmer.for_weights(
+        compiler.model_dir.bin_path, compiler.mapped_weights_address
+    )
+    trimmer.start()  # nothing mapped yet: it drops once the first compile maps a step
+    try:
+        yield
+    finally:
+        trimmer.stop()

@@ -368,3 +368,51 @@ def test_the_trimmer_is_on_by_default_only_where_this_process_reads_the_ir() -> 
     assert not _trims_weight_pages(None, cpu, LoadMode.PAGED, None)
     assert not _trims_weight_pages(None, profile_for("NPU"), LoadMode.IMPORT, None)
     assert _trims_weight_pages(True, npuw, LoadMode.IMPORT, split)  # asked for
+
+
+def _mapped_file_rss_bytes(pid: int, path: Path) -> int:
+    """The resident bytes of every mapping of ``path`` in process ``pid`` (smaps)."""
+    target, total, inside = os.path.realpath(path), 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                inside = len(head) >= 6 and os.path.realpath(head[5]) == target
+            elif inside and head[:1] == ["Rss:"]:
+                total += int(head[1]) * 1024
+    return total
+
+
+@needs_madvise
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the split needs 2 cores")
+def test_the_split_host_drops_the_pages_of_the_ir_it_compiles_from(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Under the split the host process reads the IR: its compiles map the .bin in, and
+    its trimmer drops those pages; asked not to trim, they stay (the control)."""
+    from ovspec.compile.split import CoreSplit
+
+    cores = sorted(os.sched_getaffinity(0))
+    split = CoreSplit((cores[0],), (cores[1],))
+    bin_path = tiny_dir / "openvino_model.bin"
+    size = bin_path.stat().st_size
+    small = max(size // 8, 1 << 18)
+    resident = {}
+    for trim in (False, None):  # None: the profile's default, which trims on the host
+        with open_loader(
+            tiny_dir,
+            "64,128",
+            store=tmp_path / f"trim-{trim}",
+            properties=EXACT_CPU_PROPERTIES,
+            tuning=Tuning(split=split, trim_weight_pages=trim),
+        ) as loader:
+            decode(loader, [5, 6, 7, 8], max_new_tokens=70)
+            host_pid = loader._compiler.delegate.pid  # type: ignore[union-attr]
+            assert host_pid is not None and host_pid != os.getpid()
+            deadline = time.monotonic() + 30.0  # the trimmer's turn, on a loaded machine
+            resident[trim] = _mapped_file_rss_bytes(host_pid, bin_path)
+            while trim is None and resident[trim] > small and time.monotonic() < deadline:
+                time.sleep(0.05)
+                resident[trim] = _mapped_file_rss_bytes(host_pid, bin_path)
+    assert resident[False] > size // 2
+    assert resident[None] <= small
