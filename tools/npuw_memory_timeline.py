@@ -97,9 +97,11 @@ def _child(model_dir: str, store: str, ladder: str, prompt: int, new: int, bank:
     real_drop = WeightPageTrimmer.drop
 
     def logged_drop(self: WeightPageTrimmer) -> int:
-        dropped = real_drop(self)
-        event(f"weight pages dropped: {dropped / 2**20:.0f} MiB")
-        return dropped
+        before_mib = _status_mib()["RssFile"]
+        advised = real_drop(self)  # the mapping's size, resident or not
+        freed_mib = before_mib - _status_mib()["RssFile"]
+        event(f"weight-page drop: {advised / 2**20:.0f} MiB advised, RssFile -{freed_mib:.0f} MiB")
+        return advised
 
     WeightPageTrimmer.drop = logged_drop  # type: ignore[method-assign]
     tokens = 0
