@@ -25,8 +25,8 @@ from ovspec.bench.speed.stats import band_ms
 COMMAND = "python tools/bench_npu.py"
 GENAI_ARMS = (REFERENCE_ARM, "genai-npu-pyramid", CACHED_REFERENCE_ARM)
 OVSPEC_ARMS = (OVSPEC_ARM, OVSPEC_WARM_ARM)
-# (ovspec arm, genai arm) compared: cold against genai's up-front compile, and warm (a
-# primed store) against genai with a primed CACHE_DIR.
+# (ovspec arm, genai arm) compared: cold against genai's up-front compile, warm (a primed
+# store) against genai with a primed CACHE_DIR, and warm against genai uncached (below).
 PAIRS = (
     (OVSPEC_ARM, REFERENCE_ARM),
     (OVSPEC_ARM, "genai-npu-pyramid"),
