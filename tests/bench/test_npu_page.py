@@ -66,6 +66,7 @@ def test_the_tool_runs_end_to_end_and_writes_its_page(tmp_path: Path) -> None:
     # decode thread there too.
     assert results["split"] is not None and results["cases"]["custom"]["config"]["split"]
     for run in runs:
+        assert run["cpu_s_first_token"] > 0
         cpu = run["decode_cpu_s"]
         assert cpu["device"] > 0
         if run["arm"].startswith("genai"):
@@ -84,6 +85,7 @@ def test_the_tool_runs_end_to_end_and_writes_its_page(tmp_path: Path) -> None:
     assert "The warm pair: `genai-npu-cached`" in text
     assert "| reserved KV, token-weighted (tokens) | 128 | 128 |" in text
     assert "| decode, 64–128 live (ms/token) |" in text
+    assert "| CPU before the first token, every process (s) |" in text
     assert "`ovspec-npu`: 1/1 runs' full token lists equal genai-npu's first run's" in text
     for arm in ("genai-npu-pyramid", "ovspec-npu", "ovspec-npu-warm"):
         assert f"`{arm}`: 1/1 runs' full token lists equal genai-npu's first run's" in text
@@ -183,6 +185,25 @@ def test_the_split_counts_the_host_build_process_memory_too() -> None:
         while _children_hwm_mib() <= alone and time.monotonic() < deadline:
             time.sleep(0.01)
         assert _children_hwm_mib() > alone  # a live child's VmHWM is counted
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_work_before_the_first_token_counts_the_live_child_processes() -> None:
+    """The split's host build process compiles for the decode process: its CPU is part
+    of what the first token cost."""
+    from ovspec.bench.speed.arm import cpu_s_so_far
+
+    before = cpu_s_so_far()
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", busy + "time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while cpu_s_so_far() - before < 0.4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # this process's own CPU stays near nothing
+        assert cpu_s_so_far() - before >= 0.4
+        assert child.poll() is None  # counted while it lives, not once it was waited for
     finally:
         child.kill()
         child.wait()

@@ -129,6 +129,8 @@ def _figures(
     prompt = config["prompt_tokens"]
     out: list[tuple[str, Metric, int, float | None]] = [
         ("spawn → first token (s)", lambda r: float(r["token_s"][0]), 2, FIRST_TOKEN_TARGET),
+        # The work before the first token, compiles most of it (both sides run the prompt).
+        ("CPU before the first token, every process (s)", _cpu_first_token_s, 2, None),
         (
             "reserved KV, token-weighted (tokens)",
             lambda r: reserved_mean_tokens(r, config),
@@ -147,6 +149,13 @@ def _figures(
         label = f"{DECODE_PREFIX}{lo}–{hi} live (ms/token)"
         out.append((label, _band_metric(prompt, (lo, hi)), 1, DECODE_TARGET))
     return out
+
+
+def _cpu_first_token_s(run: Mapping[str, Any]) -> float | None:
+    """CPU seconds the run's processes spent from their start to the first token (None:
+    a run recorded before this was)."""
+    value = run.get("cpu_s_first_token")
+    return None if value is None else float(value)
 
 
 def _peak_rss_mib(run: Mapping[str, Any]) -> float:
@@ -398,6 +407,8 @@ def _case(name: str, case: Mapping[str, Any], shared: Mapping[str, str]) -> list
         "|---|" + "---|" * (len(arms) + 2 * len(pairs) + 1),
     ]
     for label, metric, digits, target in _figures(config):
+        if not any(metric(r) is not None for r in runs):
+            continue  # a figure these runs did not record
         medians = [_median([metric(r) for r in runs if r["arm"] == a], digits) for a in arms]
         cells = []
         for mine, peer in pairs:

@@ -5,7 +5,8 @@ Owns the arms (openvino-genai's ``LLMPipeline``; ovspec's loader in a given poli
 load mode; llama.cpp on a GGUF, under its own interpreter) and what a run records: the
 time of every generated token since the parent spawned this process, the token ids,
 the high-water RSS (VmHWM) and the peak PSS and private (RssAnon) memory
-(``MemorySampler``), and under a device/host split the decode's CPU time by core set.
+(``MemorySampler``), the CPU time every process of the run spent before the first token,
+and under a device/host split the decode's CPU time by core set.
 Prints one ``RESULT {json}`` line.
 """
 
@@ -106,25 +107,51 @@ def _status_mib_fields(*fields: str) -> dict[str, float]:
     return found
 
 
-def _children_hwm_mib() -> float:
-    """The summed VmHWM of this process's child processes (0 without any)."""
-    import os
-
-    total = 0.0
+def _children_pids() -> list[int]:
+    """The pids of this process's live child processes (the split's host build process)."""
+    pids = []
     for task in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{task}/children") as f:
-                pids = f.read().split()
+                pids += [int(pid) for pid in f.read().split()]
         except OSError:
             continue
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    for line in f:
-                        if line.startswith("VmHWM:"):
-                            total += int(line.split()[1]) / 1024
-            except OSError:
-                continue  # it ended meanwhile
+    return pids
+
+
+def _children_hwm_mib() -> float:
+    """The summed VmHWM of this process's child processes (0 without any)."""
+    total = 0.0
+    for pid in _children_pids():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1]) / 1024
+        except OSError:
+            continue  # it ended meanwhile
+    return total
+
+
+def cpu_s_so_far() -> float:
+    """CPU seconds (user + system) spent so far by this process since its exec, by its
+    ended children and by its live ones: every process of the run, the split's host build
+    process included."""
+    import resource
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    for pid in _children_pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                # utime and stime are fields 14 and 15; the name (2) may hold spaces.
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks_per_s
+        except (OSError, IndexError, ValueError):
+            continue  # it ended meanwhile
     return total
 
 
@@ -134,8 +161,6 @@ def _status_mib(field: str) -> float:
 
 def _thread_cpu_s() -> dict[int, tuple[float, tuple[int, ...]]]:
     """Thread id -> (CPU seconds so far from its schedstat, its affinity now)."""
-    import os
-
     out = {}
     for name in os.listdir("/proc/self/task"):
         try:
@@ -258,8 +283,6 @@ def _ovspec(request: ArmRequest, on_token: Any) -> dict[str, Any]:
 def _llamacpp(request: ArmRequest, on_token: Any) -> dict[str, Any]:
     """llama.cpp on the GGUF (``model_dir`` is its path): greedy, every core of this
     process (the binding's default is half of them), the prompt in batches of 512."""
-    import os
-
     from llama_cpp import Llama  # type: ignore[import-not-found]
 
     threads = len(os.sched_getaffinity(0))
@@ -300,11 +323,14 @@ def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
     # Read at the first and the last token (ovspec's loader restores every thread's
     # affinity when it closes, after the last).
     cpu_readings: list[dict[int, tuple[float, tuple[int, ...]]]] = []
+    cpu_s_first_token: list[float] = []
     report = _lockstep_reporter()
 
     def on_token(token: int) -> None:
         times.append(round(time.time() - spawn_s, 5))  # 10 us: well under a step
         tokens.append(token)
+        if len(tokens) == 1:  # the work the first token cost: compiles, imports, prompt
+            cpu_s_first_token.append(round(cpu_s_so_far(), 4))
         if split is not None and len(tokens) in (1, request.new_tokens):
             cpu_readings.append(_thread_cpu_s())
         if report is not None:
@@ -331,6 +357,7 @@ def run(request: ArmRequest, spawn_s: float) -> dict[str, Any]:
         "vm_hwm_mib": _status_mib("VmHWM"),
         "peak_pss_mib": sampler.peak_pss_mib,
         "peak_anon_mib": sampler.peak_anon_mib,
+        "cpu_s_first_token": cpu_s_first_token[0] if cpu_s_first_token else None,
         **extra,
     }
 
