@@ -92,6 +92,7 @@ class Loader:
         on_steady: Callable[[], None] | None = None,
         halve_prompt_graph: bool = False,
         release_passed_rungs: bool | None = None,
+        warm_first_rung: bool = True,
     ) -> None:
         self._compiler = compiler
         self.kv_layout = kv_layout  # the sequences' default (None: remap where it works)
@@ -101,6 +102,8 @@ class Loader:
         self.window_plan = window_plan
         self.warm_up = warm_up
         self._warmed = False
+        self.warm_first_rung = warm_first_rung  # a request's first rung: False, its first step
+        self._unwarmed: Specialization | None = None
         self._clock = clock
         self._opened_s = clock() if origin_s is None else origin_s
         self._lock = threading.Lock()
@@ -161,6 +164,7 @@ class Loader:
 
     def _start(self, first_capacity_tokens: int) -> None:
         decode = Specialization.decode(first_capacity_tokens)
+        self._unwarmed = None if self.warm_first_rung else decode
         prefill = self._prefill(first_capacity_tokens) if self.prefill_chunk_tokens else None
         if prefill is not None:
             self.share_prompt_rung(first_capacity_tokens)
@@ -218,9 +222,8 @@ class Loader:
         return program.compiled
 
     def load_now(self, spec: Specialization | int) -> None:
-        """Have ``spec`` loaded when this returns (waiting for a load under way), without
-        queuing its successors and without recording a wait: for callers that keep
-        loads out of the time they measure."""
+        """Have ``spec`` loaded when this returns (waiting for a load under way), queuing no
+        successor, recording no wait: for callers that keep loads out of what they time."""
         self._obtain(_as_spec(spec), record_wait=False)
 
     def _obtain(self, spec: Specialization, record_wait: bool, halves: bool = False) -> Program:
@@ -268,9 +271,8 @@ class Loader:
             self._pending[spec] = self._worker.submit(self._load, spec, foreground)
 
     def release(self, spec: Specialization | int) -> None:
-        """Drop a loaded graph nobody needs any more (a rung a sequence has left): on CPU
-        it holds its own copy of the weights, on the NPU path what a rung holds beyond the
-        weights bank (docs/npu.md). A later ``get`` imports it again from the store."""
+        """Drop a graph nobody needs (a rung a sequence has left: on CPU its own copy of the
+        weights, on NPU what it holds beyond the weights bank); a later ``get`` imports it."""
         spec = _as_spec(spec)
         with self._lock:
             if self._programs.pop(spec, None) is not None:
@@ -431,13 +433,12 @@ class Loader:
                 note=note,
                 build_s=build.host_s,
             )
-        warm_s = 0.0
-        # A prefill graph is not warmed: its warm-up is a whole prompt chunk of zeros
-        # (seconds on a large model), paid once by the real prompt anyway. Nor is a graph
-        # another specialization already brought in (a rung's prefill graph that decodes).
-        if self.warm_up and spec.phase is Phase.DECODE and not program.reused:
-            warm_s = warm_up(program.compiled)
-            self._warmed = True
+        # Not warmed: a prefill graph (its warm-up is a whole prompt chunk of zeros, paid
+        # once by the real prompt anyway), a graph another specialization brought in (a
+        # rung's prefill graph that decodes), the first rung unless ``warm_first_rung``.
+        warm = self.warm_up and spec.phase is Phase.DECODE and not program.reused
+        warm_s = warm_up(program.compiled) if warm and spec != self._unwarmed else 0.0
+        self._warmed = self._warmed or warm_s > 0.0
         self._record(
             EventKind.LOADED,
             spec,

@@ -61,6 +61,7 @@ class Decisions:
     trim_weight_pages: bool
     host_trims_weight_pages: bool  # the split's host build process, which reads the IR
     halve_prompt_graph: bool
+    warm_first_rung: bool  # a request's first rung, as it loads (beside the prompt's run)
 
 
 def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
@@ -104,6 +105,9 @@ def decide(options: OpenOptions, tuning: Tuning) -> Decisions:
         halve_prompt_graph=_halves_prompt_graph(
             tuning.halve_prompt_graph, profile, mode, options.policy
         ),
+        warm_first_rung=profile.warms_first_rung
+        if tuning.warm_first_rung is None
+        else tuning.warm_first_rung,
     )
 
 
@@ -182,6 +186,7 @@ def open_loader(options: OpenOptions, tuning: Tuning | None = None) -> Loader | 
             # prefill (an import-mode start calls it as it ends: Loader.start).
             on_steady=trimmer.start if trimmer is not None else None,
             halve_prompt_graph=decided.halve_prompt_graph,
+            warm_first_rung=decided.warm_first_rung,
             release_passed_rungs=tuning.release_passed_rungs,
         )
         owned.push(stack.pop_all())  # the loader closes them from now on

@@ -92,6 +92,9 @@ class Tuning:
     ``halve_prompt_graph``: compile the graph the prompt waits for as two halves side by
     side and run them one after the other (``compile/halves.py``). Default: where the
     profile says so, for graphs compiled from the IR, a lazy policy and >= 2 cores.
+    ``warm_first_rung``: warm a request's first rung with one inference as it loads,
+    beside the prompt's run (False: its first decode step pays that instead). Default:
+    where the profile says so.
     ``origin_s``: the ``perf_counter`` value event times count from (default: open).
     ``window_plan``: per-rung predictions that let one-ahead start a successor early.
     ``auto_costs``: what the ``auto`` policy plans from (``autopolicy.AutoCosts``).
@@ -102,6 +105,7 @@ class Tuning:
     split: CoreSplit | bool | None = None
     trim_weight_pages: bool | None = None
     halve_prompt_graph: bool | None = None
+    warm_first_rung: bool | None = None
     origin_s: float | None = None
     window_plan: WindowPlan | None = None
     auto_costs: AutoCosts | None = None

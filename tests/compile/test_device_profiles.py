@@ -51,6 +51,7 @@ def test_the_cpu_profile_compiles_from_the_ir_with_every_rewrite_but_the_npu_one
     assert GraphRewrite.LIVE_STATE in cpu.default_rewrites
     assert dict(cpu.exact_properties) == EXACT_CPU_PROPERTIES
     assert cpu.halves_prompt_graph and cpu.trims_weight_pages
+    assert cpu.warms_first_rung  # a static rung graph's first CPU inference packs weights
     assert {"ENABLE_CPU_PINNING", "NUM_STREAMS"} <= cpu.blob_neutral_properties
     # Pinning off unless asked; what the user asked is kept.
     assert cpu.loader_properties({}) == {"ENABLE_CPU_PINNING": "NO"}
@@ -79,6 +80,8 @@ def test_other_devices_take_blobs_the_portable_rewrites_and_nothing_measured(
     assert profile.default_rewrites.rewrites == PORTABLE.rewrites | extra
     assert dict(profile.exact_properties) == {}
     assert not profile.halves_prompt_graph and not profile.trims_weight_pages
+    # The NPU's first rung is not warmed beside the prompt's run (docs/npu.md).
+    assert profile.warms_first_rung is (device != "NPU")
     assert profile.blob_neutral_properties == ALWAYS_NEUTRAL
     assert profile.loader_properties({"A": "1"}) == {"A": "1"}
 

@@ -98,6 +98,12 @@ def test_the_npu_path_decodes_the_cpu_plugins_tokens_and_a_second_start_is_all_h
         {e.kind for e in run.events} & {EventKind.COMPILED, EventKind.STORE_HIT} for run in runs
     ]
     assert kinds == [{EventKind.COMPILED}, {EventKind.STORE_HIT}]
+    # The first rung loads beside the prompt's run unwarmed (the NPU profile's choice);
+    # the successor is warmed, its first step a boundary's.
+    for run in runs:
+        loaded = {e.spec: e.note for e in run.events if e.kind is EventKind.LOADED}
+        assert loaded["decode@32"].endswith("warm-up 0.000 s")
+        assert not loaded["decode@64"].endswith("warm-up 0.000 s")
     # Greedy, not teacher-forced: the same tokens. NPUW's partitions add f32 rounding
     # only (1e-5); a KV bound or grown wrongly, or NPUW's Result bug, differs by units.
     assert first.token_ids == control.token_ids == second.token_ids

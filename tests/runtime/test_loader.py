@@ -105,6 +105,32 @@ def test_one_ahead_loads_the_first_rung_in_front_and_one_successor_behind() -> N
         assert any(name.startswith("ovspec-loader") for name in fake.threads)
 
 
+@pytest.mark.parametrize("warm_first_rung", [True, False])
+def test_a_request_s_first_rung_is_warmed_only_where_asked(
+    monkeypatch: pytest.MonkeyPatch, warm_first_rung: bool
+) -> None:
+    """The first rung loads beside the prompt's run: a profile may leave its warm-up to
+    its first decode step. A successor is warmed either way (its first step is a
+    boundary's)."""
+    monkeypatch.setattr("ovspec.runtime.loader.warm_up", lambda compiled: 0.25)
+    fake = FakeCompiler()
+    with Loader(
+        fake,  # type: ignore[arg-type]
+        LADDER,
+        Policy.ONE_AHEAD,
+        prefill_chunk_tokens=16,
+        warm_first_rung=warm_first_rung,
+    ) as loader:
+        loader.start(32)
+        loader.get(32)
+        wait_idle(loader, Specialization.decode(64))
+        loaded = {e.spec: e.note for e in loader.events if e.kind is EventKind.LOADED}
+    first = "warm-up 0.250 s" if warm_first_rung else "warm-up 0.000 s"
+    assert loaded["decode@32"].endswith(first)
+    assert loaded["decode@64"].endswith("warm-up 0.250 s")
+    assert loaded["prefill@32x16"].endswith("warm-up 0.000 s")  # a prompt graph never is
+
+
 def test_eager_loads_every_rung_before_the_first_token() -> None:
     fake = FakeCompiler()
     with Loader(fake, LADDER, Policy.EAGER, prefill_chunk_tokens=16, warm_up=False) as loader:  # type: ignore[arg-type]

@@ -36,6 +36,9 @@ class NpuProfile(DeviceProfile):
         PORTABLE_REWRITES.rewrites
         | {GraphRewrite.RESULT_GUARD, GraphRewrite.SHARED_HEAD, GraphRewrite.SHARED_EMBEDDING}
     )
+    # An inference beside the prompt's would share the device with it (on NPUW's CPU
+    # subdevices, 2 shared cores: the first token came sooner without it, docs/npu.md).
+    warms_first_rung: ClassVar[bool] = False
 
     @classmethod
     def claims(cls, family: str, properties: Mapping[str, str]) -> bool:

@@ -70,6 +70,9 @@ class DeviceProfile:
     # Keep the IR's mapped weights out of the resident set once graphs packed their own
     # copy (a device whose compiled graphs hold the weights in host memory).
     trims_weight_pages: ClassVar[bool] = False
+    # Warm a request's first rung with one inference as it loads, beside the prompt's
+    # run (False: its first decode step pays that, and the prompt has the device alone).
+    warms_first_rung: ClassVar[bool] = True
     # Runs OpenVINO's PagedAttention op (the paged load mode).
     runs_paged_attention: ClassVar[bool] = False
     # PERF_COUNT's per-node times are the mean over every call of the request (not the
