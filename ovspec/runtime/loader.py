@@ -102,7 +102,7 @@ class Loader:
         self.window_plan = window_plan
         self.warm_up = warm_up
         self._warmed = False
-        self.warm_first_rung = warm_first_rung  # a request's first rung: False, its first step
+        self.warm_first_rung = warm_first_rung  # False: a first rung's first step warms it
         self._unwarmed: Specialization | None = None
         self._clock = clock
         self._opened_s = clock() if origin_s is None else origin_s
