@@ -52,7 +52,9 @@ def _arm(label: str, tokens: int, step_s: float) -> LockstepArm:
 
 
 def test_arms_take_turns_in_abba_blocks_one_at_a_time() -> None:
-    found = run_lockstep([_arm("a", 25, 0.004), _arm("b", 25, 0.004)], block_tokens=6)
+    # A step of 20 ms: the coordinator stops an arm after reading its block's last token,
+    # and a busy CI machine may take a few ms to (a shorter step let a seventh slip in).
+    found = run_lockstep([_arm("a", 25, 0.02), _arm("b", 25, 0.02)], block_tokens=6)
     assert found.schedule[:8] == ["a", "b", "b", "a", "a", "b", "b", "a"]
     spans = []
     for label, record in found.arms.items():
