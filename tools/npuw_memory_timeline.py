@@ -100,7 +100,7 @@ def _child(model_dir: str, store: str, ladder: str, prompt: int, new: int, bank:
         before_mib = _status_mib()["RssFile"]
         advised = real_drop(self)  # the mapping's size, resident or not
         freed_mib = before_mib - _status_mib()["RssFile"]
-        event(f"weight-page drop: {advised / 2**20:.0f} MiB advised, RssFile -{freed_mib:.0f} MiB")
+        event(f"weight-page drop: {advised / 2**20:.0f} MiB advised, RssFile {-freed_mib:+.0f} MiB")
         return advised
 
     WeightPageTrimmer.drop = logged_drop  # type: ignore[method-assign]

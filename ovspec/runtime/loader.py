@@ -433,12 +433,12 @@ class Loader:
                 note=note,
                 build_s=build.host_s,
             )
-        # Not warmed: a prefill graph (its warm-up is a whole prompt chunk of zeros, paid
-        # once by the real prompt anyway), a graph another specialization brought in (a
-        # rung's prefill graph that decodes), the first rung unless ``warm_first_rung``.
+        # Not warmed: a prefill graph (its warm-up is a whole prompt chunk, which the prompt
+        # pays anyway), a graph another one brought in, the first rung unless warm_first_rung.
         warm = self.warm_up and spec.phase is Phase.DECODE and not program.reused
-        warm_s = warm_up(program.compiled) if warm and spec != self._unwarmed else 0.0
-        self._warmed = self._warmed or warm_s > 0.0
+        warm = warm and spec != self._unwarmed
+        warm_s = warm_up(program.compiled) if warm else 0.0
+        self._warmed = self._warmed or warm
         self._record(
             EventKind.LOADED,
             spec,

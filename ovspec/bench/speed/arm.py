@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import threading
 import time
@@ -137,8 +138,6 @@ def cpu_s_so_far() -> float:
     """CPU seconds (user + system) spent so far by this process since its exec, by its
     ended children and by its live ones: every process of the run, the split's host build
     process included."""
-    import resource
-
     total = 0.0
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         usage = resource.getrusage(who)
